@@ -1,0 +1,61 @@
+//! A LookupRoute request as the core sees it, borrowed from the adapter's buffers.
+
+/// The request fields of contract §2, borrowed so the hot path copies nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LookupRequest<'a> {
+    pub tenant_id: &'a str,
+    pub model_id: &'a str,
+    pub hash_scheme: &'a str,
+    /// Legacy exact-prefix key; empty means absent.
+    pub prefix_hash: &'a str,
+    pub prefix_token_count: u32,
+    /// The chain, block 0 first.
+    pub block_hashes: &'a [u64],
+    /// Parallel to `block_hashes`.
+    pub block_token_counts: &'a [u32],
+    /// Optional subset of replica ids to pick among; unknown ids are ignored.
+    pub candidate_replicas: &'a [String],
+}
+
+/// The chain after step 1, and what steps 2–4 need to know about it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Chain<'a> {
+    pub hashes: &'a [u64],
+    pub token_counts: &'a [u32],
+}
+
+impl<'a> Chain<'a> {
+    /// Step 1: with chain matching off, the chain is dropped (not malformed).
+    pub fn from_request(req: &LookupRequest<'a>, chain_matching: bool) -> Self {
+        if chain_matching {
+            Self {
+                hashes: req.block_hashes,
+                token_counts: req.block_token_counts,
+            }
+        } else {
+            Self {
+                hashes: &[],
+                token_counts: &[],
+            }
+        }
+    }
+
+    /// Non-empty and parallel: what `requireChain` asks for.
+    pub fn is_valid(&self) -> bool {
+        !self.hashes.is_empty() && self.hashes.len() == self.token_counts.len()
+    }
+
+    /// Both arrays balanced (possibly both empty).
+    pub fn is_balanced(&self) -> bool {
+        self.hashes.len() == self.token_counts.len()
+    }
+
+    pub fn is_present(&self) -> bool {
+        !self.hashes.is_empty()
+    }
+
+    /// Sum of the block token counts, saturating.
+    pub fn token_total(&self) -> u64 {
+        self.token_counts.iter().map(|&t| u64::from(t)).sum()
+    }
+}

@@ -1,0 +1,6 @@
+//! inferencecache: a KV-cache-aware router for LLM inference.
+//!
+//! The crate is a pure routing [`core`] with adapters around it (see `docs/architecture.md`).
+#![forbid(unsafe_code)]
+
+pub mod core;
