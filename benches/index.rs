@@ -7,8 +7,7 @@
 //! unseen blocks), checked for correctness; then removals of the unique tails of
 //! random sequences until 10% of the stored blocks are gone.
 //!
-//! Environment: IC_BENCH_SHARDS (shards per scope, default the server default),
-//! IC_BENCH_LOOKUPS (default 100000).
+//! Environment: IC_BENCH_LOOKUPS (default 100000).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -94,10 +93,6 @@ fn replica_id(r: usize) -> String {
 }
 
 fn main() {
-    let shards = std::env::var("IC_BENCH_SHARDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(IndexConfig::default().shards_per_scope);
     let lookups: usize = std::env::var("IC_BENCH_LOOKUPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -105,7 +100,6 @@ fn main() {
     let now = Timestamp::from_secs(1_800_000_000);
     let config = IndexConfig {
         max_entries: u64::MAX,
-        shards_per_scope: shards,
     };
     let router = Arc::new(Router::new(config, PolicySnapshot::empty(), now));
     let scope = ScopeRef::new(TENANT, MODEL, SCHEME);
@@ -221,6 +215,28 @@ fn main() {
         lat
     };
     let quiet = timed(&router);
+    let (mut exact_lat, mut group_lat) = (Vec::new(), Vec::new());
+    for (chain, exact_owner, _) in queries.iter().take(20_000) {
+        let t = Instant::now();
+        black_box(router.lookup(&request(chain, &counts), now));
+        let ns = t.elapsed().as_nanos() as u64;
+        if exact_owner.is_some() {
+            exact_lat.push(ns)
+        } else {
+            group_lat.push(ns)
+        }
+    }
+    exact_lat.sort_unstable();
+    group_lat.sort_unstable();
+    let (hot_chain, _, _) = &queries[0];
+    let mut hot_lat: Vec<u64> = (0..20_000)
+        .map(|_| {
+            let t = Instant::now();
+            black_box(router.lookup(&request(hot_chain, &counts), now));
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    hot_lat.sort_unstable();
     let start = Instant::now();
     for (chain, _, _) in &queries {
         black_box(router.lookup(&request(chain, &counts), now));
@@ -301,7 +317,6 @@ fn main() {
     let entries_after = router.index().total_entries();
 
     println!("inferencecache index benchmark (shared/design/bench-workload.md)");
-    println!("  shards per scope                 {shards}");
     println!("  distinct (block, replica) pairs  {distinct_pairs}");
     println!("  index entries after insert       {}", entries_before);
     println!(
@@ -324,6 +339,12 @@ fn main() {
         percentile(&quiet, 0.99)
     );
     println!("| decisions/s, one thread | {:.0}k |", per_sec / 1e3);
+    println!(
+        "| (detail) median exact / group-prefix / same request repeated | {:.2} / {:.2} / {:.2} µs |",
+        percentile(&exact_lat, 0.5),
+        percentile(&group_lat, 0.5),
+        percentile(&hot_lat, 0.5)
+    );
     println!(
         "| decision median / p99 with a concurrent writer | {:.2} / {:.2} µs (writer {:.2}M blocks/s) |",
         percentile(&busy, 0.5),

@@ -78,7 +78,7 @@ pub fn decide(
         Classified::Known(s) => s,
     };
     let serving = scope_index.serving(now, ttl, req.candidate_replicas);
-    let id_of = |m: usize| serving.replica(m).map_or("", |r| &*r.id);
+    let id_of = |m: usize| serving.id_rank(m);
     let floors = Floors {
         minimum_matched_tokens: policy.minimum_matched_tokens,
         routing_floor_score: policy.routing_floor_score.value(),

@@ -42,12 +42,13 @@ fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// Ranks the chain path. `runs[member]` is m_r; `token_counts` the request's.
-pub(crate) fn rank_chain<'a>(
+/// Ranks the chain path. `runs[member]` is m_r; `token_counts` the request's;
+/// `id_of` orders members as their replica ids do (the final tie-breaker).
+pub(crate) fn rank_chain<K: Ord>(
     runs: &[u32],
     token_counts: &[u32],
     floors: Floors,
-    id_of: impl Fn(usize) -> &'a str,
+    id_of: impl Fn(usize) -> K,
 ) -> Ranking {
     let n = runs.len();
     let max_run = runs.iter().copied().max().unwrap_or(0) as usize;
@@ -88,12 +89,12 @@ pub(crate) fn rank_chain<'a>(
 
 /// Ranks the legacy exact-prefix path: every holder matched one block of
 /// `tokens` tokens.
-pub(crate) fn rank_prefix<'a>(
+pub(crate) fn rank_prefix<K: Ord>(
     holders: &[u16],
     serving: usize,
     tokens: u32,
     floors: Floors,
-    id_of: impl Fn(usize) -> &'a str,
+    id_of: impl Fn(usize) -> K,
 ) -> Ranking {
     if holders.is_empty() || serving == 0 {
         return Ranking::NoMatch;
@@ -113,7 +114,7 @@ pub(crate) fn rank_prefix<'a>(
 }
 
 /// Both floors, then the order: score desc, matched tokens desc, replica id asc.
-fn finish<'a>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> &'a str) -> Ranking {
+fn finish<K: Ord>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> K) -> Ranking {
     rows.retain(|r| r.matched_tokens >= floors.minimum_matched_tokens);
     if rows.is_empty() {
         return Ranking::BelowFloor;
@@ -122,7 +123,7 @@ fn finish<'a>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> &'a 
         b.score
             .total_cmp(&a.score)
             .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
-            .then_with(|| id_of(a.member).cmp(id_of(b.member)))
+            .then_with(|| id_of(a.member).cmp(&id_of(b.member)))
     });
     if rows[0].score < floors.routing_floor_score {
         return Ranking::BelowFloor;

@@ -21,10 +21,26 @@ pub(crate) struct Holder {
 #[derive(Debug)]
 pub(crate) enum Holders {
     One(Holder),
-    // A thin Box keeps the enum (and so each entry) small: a plain Vec would
-    // add 8 bytes to every entry for the rare shared block.
-    #[allow(clippy::box_collection)]
-    Many(Box<Vec<Holder>>),
+    /// A thin Box keeps the enum (and so each entry) small for the rare shared block.
+    Many(Box<ManyHolders>),
+}
+
+/// Several holders, with a bitmask of those in slots 0..64 so that the lookup
+/// walk tests membership with one AND instead of a loop.
+#[derive(Debug)]
+pub(crate) struct ManyHolders {
+    pub mask: u64,
+    pub list: Vec<Holder>,
+}
+
+impl ManyHolders {
+    fn rebuild_mask(&mut self) {
+        self.mask = self
+            .list
+            .iter()
+            .filter(|h| h.slot < 64)
+            .fold(0, |m, h| m | 1 << h.slot);
+    }
 }
 
 /// What dropping one reference did.
@@ -43,17 +59,36 @@ impl Holders {
         Self::One(Holder { slot, refs: 1 })
     }
 
+    /// The holders of a vacated slot: none.
+    pub fn vacant() -> Self {
+        Self::One(Holder {
+            slot: u32::MAX,
+            refs: 0,
+        })
+    }
+
     pub fn contains(&self, slot: u32) -> bool {
         match self {
             Self::One(h) => h.slot == slot,
-            Self::Many(v) => v.iter().any(|h| h.slot == slot),
+            Self::Many(v) => v.list.iter().any(|h| h.slot == slot),
+        }
+    }
+
+    /// The holders in slots 0..64 as a bitmask, when that is all of them.
+    #[inline]
+    pub fn low_mask(&self) -> Option<u64> {
+        match self {
+            Self::One(h) if h.slot < 64 && h.refs > 0 => Some(1 << h.slot),
+            Self::One(h) if h.refs == 0 => Some(0),
+            Self::One(_) => None,
+            Self::Many(v) => (v.mask.count_ones() as usize == v.list.len()).then_some(v.mask),
         }
     }
 
     pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
         let (one, many) = match self {
             Self::One(h) => (Some(h.slot), &[][..]),
-            Self::Many(v) => (None, v.as_slice()),
+            Self::Many(v) => (None, v.list.as_slice()),
         };
         one.into_iter().chain(many.iter().map(|h| h.slot))
     }
@@ -62,7 +97,7 @@ impl Holders {
     pub fn len(&self) -> usize {
         match self {
             Self::One(_) => 1,
-            Self::Many(v) => v.len(),
+            Self::Many(v) => v.list.len(),
         }
     }
 
@@ -75,16 +110,22 @@ impl Holders {
             }
             Self::One(h) => {
                 let first = *h;
-                *self = Self::Many(Box::new(vec![first, Holder { slot, refs: 1 }]));
+                let mut many = ManyHolders {
+                    mask: 0,
+                    list: vec![first, Holder { slot, refs: 1 }],
+                };
+                many.rebuild_mask();
+                *self = Self::Many(Box::new(many));
                 true
             }
-            Self::Many(v) => match v.iter_mut().find(|h| h.slot == slot) {
+            Self::Many(v) => match v.list.iter_mut().find(|h| h.slot == slot) {
                 Some(h) => {
                     h.refs = h.refs.saturating_add(1);
                     false
                 }
                 None => {
-                    v.push(Holder { slot, refs: 1 });
+                    v.list.push(Holder { slot, refs: 1 });
+                    v.rebuild_mask();
                     true
                 }
             },
@@ -105,14 +146,15 @@ impl Holders {
             }
             Self::One(_) => Release::NotHeld,
             Self::Many(v) => {
-                let Some(pos) = v.iter().position(|h| h.slot == slot) else {
+                let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
                     return Release::NotHeld;
                 };
-                v[pos].refs = v[pos].refs.saturating_sub(1);
-                if v[pos].refs > 0 {
+                v.list[pos].refs = v.list[pos].refs.saturating_sub(1);
+                if v.list[pos].refs > 0 {
                     return Release::StillHeld;
                 }
-                v.swap_remove(pos);
+                v.list.swap_remove(pos);
+                v.rebuild_mask();
                 self.shrink();
                 Release::Released
             }
@@ -128,10 +170,11 @@ impl Holders {
             }
             Self::One(_) => false,
             Self::Many(v) => {
-                let Some(pos) = v.iter().position(|h| h.slot == slot) else {
+                let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
                     return false;
                 };
-                v.swap_remove(pos);
+                v.list.swap_remove(pos);
+                v.rebuild_mask();
                 self.shrink();
                 true
             }
@@ -143,16 +186,16 @@ impl Holders {
     pub fn is_empty(&self) -> bool {
         match self {
             Self::One(h) => h.refs == 0,
-            Self::Many(v) => v.is_empty(),
+            Self::Many(v) => v.list.is_empty(),
         }
     }
 
     /// Goes back to the inline form when one holder is left.
     fn shrink(&mut self) {
         if let Self::Many(v) = self
-            && v.len() == 1
+            && v.list.len() == 1
         {
-            *self = Self::One(v[0]);
+            *self = Self::One(v.list[0]);
         }
     }
 }
@@ -213,11 +256,16 @@ mod tests {
         assert!(!h.add(1));
         assert!(h.add(2));
         assert_eq!(h.len(), 2);
+        assert_eq!(h.low_mask(), Some(0b110));
+        assert!(h.add(70));
+        assert_eq!(h.low_mask(), None);
+        assert_eq!(h.remove_all(70), true);
         assert_eq!(h.release(1), Release::StillHeld);
         assert_eq!(h.release(1), Release::Released);
         assert!(!h.contains(1));
         assert_eq!(h.release(1), Release::NotHeld);
         assert!(matches!(h, Holders::One(Holder { slot: 2, refs: 1 })));
+        assert_eq!(h.low_mask(), Some(1 << 2));
         assert_eq!(h.release(2), Release::Released);
         assert!(h.is_empty());
     }

@@ -17,7 +17,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use super::scope::ScopeIndex;
-use super::shard::EntryKey;
+use super::store::EntryKey;
 use crate::core::policy::EvictionAlgorithm;
 
 /// Sort key of one entry; smaller is evicted first.

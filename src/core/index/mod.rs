@@ -25,7 +25,7 @@ pub mod event;
 mod eviction;
 mod replica;
 pub mod scope;
-mod shard;
+mod store;
 pub mod view;
 
 #[cfg(test)]
@@ -44,10 +44,10 @@ pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};
 
 pub(crate) use replica::ServingSet;
-pub(crate) use shard::prefix_seed;
+pub(crate) use store::prefix_seed;
 
 use eviction::VictimCache;
-use shard::EntryKey;
+use store::EntryKey;
 use view::Counters;
 
 use crate::core::policy::EvictionAlgorithm;
@@ -59,15 +59,12 @@ use crate::core::time::Timestamp;
 pub struct IndexConfig {
     /// The entry cap; the cap sweep evicts down to it. `u64::MAX` = no cap.
     pub max_entries: u64,
-    /// Shards per scope (1..=64).
-    pub shards_per_scope: usize,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
             max_entries: 10_000_000,
-            shards_per_scope: 16,
         }
     }
 }
@@ -206,10 +203,7 @@ impl Index {
         if let Some(s) = tenant.find_scope(scope.model, scope.hash_scheme) {
             return s;
         }
-        let created = Arc::new(ScopeIndex::new(
-            scope.to_owned(),
-            self.config.shards_per_scope,
-        ));
+        let created = Arc::new(ScopeIndex::new(scope.to_owned()));
         let mut next = Vec::clone(&tenant.scopes.load());
         next.push(created.clone());
         tenant.scopes.store(Arc::new(next));
@@ -284,7 +278,7 @@ impl Index {
             }
             outcome.applied += 1;
             match event {
-                IndexEvent::Stored { hashes, .. } => {
+                IndexEvent::Stored { parent, hashes, .. } => {
                     Counters::add(&self.counters.stored_blocks, hashes.len() as u64);
                     self.store_blocks(
                         &tenant,
@@ -292,6 +286,7 @@ impl Index {
                         &scope,
                         slot,
                         &live,
+                        *parent,
                         hashes,
                         limits,
                         now,
@@ -318,6 +313,7 @@ impl Index {
                         &scope,
                         slot,
                         &live,
+                        None,
                         std::slice::from_ref(&key),
                         *token_count,
                         limits,
@@ -339,6 +335,7 @@ impl Index {
         scope: &ScopeIndex,
         slot: u32,
         live: &replica::ReplicaLive,
+        parent: Option<u64>,
         hashes: &[u64],
         limits: &TenantLimits,
         now: u64,
@@ -349,7 +346,8 @@ impl Index {
         if fits {
             let n = hashes.len();
             let base = writer.reserve(now, n);
-            let created = scope.insert_blocks(slot, live, hashes, |i| base + (n - 1 - i) as u64);
+            let created =
+                scope.insert_blocks(slot, live, parent, hashes, |i| base + (n - 1 - i) as u64);
             if created > 0 {
                 writer.victims.note_insert();
             }
@@ -357,7 +355,9 @@ impl Index {
             return;
         }
         let keys: Vec<EntryKey> = hashes.iter().map(|&h| EntryKey::Block(h)).collect();
-        self.store_keys(tenant, writer, scope, slot, live, &keys, 0, limits, now);
+        self.store_keys(
+            tenant, writer, scope, slot, live, parent, &keys, 0, limits, now,
+        );
     }
 
     /// The slow path near quota: one key at a time, evicting the tenant's own next
@@ -370,6 +370,7 @@ impl Index {
         scope: &ScopeIndex,
         slot: u32,
         live: &replica::ReplicaLive,
+        parent: Option<u64>,
         keys: &[EntryKey],
         token_count: u32,
         limits: &TenantLimits,
@@ -406,7 +407,16 @@ impl Index {
                     continue;
                 }
             }
-            if scope.insert_one(slot, live, key, token_count, stamp) {
+            // The chain's previous block (the parent for block 0) lets a block
+            // join its predecessor's run.
+            let prev = match i {
+                0 => parent,
+                _ => match &keys[i - 1] {
+                    EntryKey::Block(h) => Some(*h),
+                    EntryKey::Prefix(_) => None,
+                },
+            };
+            if scope.insert_one(slot, live, key, prev, token_count, stamp) {
                 writer.victims.note_insert();
                 self.add_entries(tenant, 1);
             }

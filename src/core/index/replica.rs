@@ -118,6 +118,9 @@ pub struct ReplicaTable {
     /// delay, so a lookup that loaded an older table can never attribute a new
     /// replica's entries to the old one.
     free: Vec<(u32, u64)>,
+    /// Each slot's position in replica-id order, so ties sort without comparing
+    /// strings on the lookup path.
+    id_rank: Vec<u32>,
 }
 
 impl ReplicaTable {
@@ -151,6 +154,21 @@ impl ReplicaTable {
         self.slots.len()
     }
 
+    fn rerank(&mut self) {
+        let mut order: Vec<(Arc<str>, u32)> =
+            self.by_id.iter().map(|(id, &s)| (id.clone(), s)).collect();
+        order.sort();
+        self.id_rank = vec![u32::MAX; self.slots.len()];
+        for (rank, (_, slot)) in order.into_iter().enumerate() {
+            self.id_rank[slot as usize] = rank as u32;
+        }
+    }
+
+    /// The slot's position in replica-id order.
+    pub(crate) fn id_rank(&self, slot: u32) -> u32 {
+        self.id_rank.get(slot as usize).copied().unwrap_or(u32::MAX)
+    }
+
     pub(crate) fn insert(&mut self, replica: ReplicaSlot, now: u64) -> u32 {
         let reusable = self
             .free
@@ -168,6 +186,7 @@ impl ReplicaTable {
             }
         };
         self.by_id.insert(replica.id, slot);
+        self.rerank();
         slot
     }
 
@@ -175,6 +194,7 @@ impl ReplicaTable {
         let removed = self.slots.get_mut(slot as usize).and_then(Option::take)?;
         self.by_id.remove(&removed.id);
         self.free.push((slot, now));
+        self.rerank();
         Some(removed)
     }
 }
@@ -185,12 +205,16 @@ pub(crate) struct ServingSet {
     pub table: Arc<ReplicaTable>,
     pub members: SmallVec<[u32; 32]>,
     member_of: SmallVec<[u16; 64]>,
+    /// The members as a bitset over slots.
+    pub slot_bits: SmallVec<[u64; 2]>,
 }
 
 impl ServingSet {
     pub fn new(table: Arc<ReplicaTable>, now: u64, ttl: u64, candidates: &[String]) -> Self {
         let mut members = SmallVec::new();
         let mut member_of: SmallVec<[u16; 64]> = SmallVec::from_elem(NOT_SERVING, table.capacity());
+        let mut slot_bits: SmallVec<[u64; 2]> =
+            SmallVec::from_elem(0, table.capacity().div_ceil(64).max(1));
         let mut allowed: SmallVec<[u32; 16]> = SmallVec::new();
         if !candidates.is_empty() {
             allowed.extend(candidates.iter().filter_map(|c| table.slot_of(c)));
@@ -200,12 +224,14 @@ impl ServingSet {
             if wanted && replica.is_serving(now, ttl) && members.len() < usize::from(NOT_SERVING) {
                 member_of[slot as usize] = members.len() as u16;
                 members.push(slot);
+                slot_bits[slot as usize / 64] |= 1 << (slot % 64);
             }
         }
         Self {
             table,
             members,
             member_of,
+            slot_bits,
         }
     }
 
@@ -224,6 +250,13 @@ impl ServingSet {
             Some(&m) if m != NOT_SERVING => Some(usize::from(m)),
             _ => None,
         }
+    }
+
+    /// The member's position in replica-id order.
+    pub fn id_rank(&self, member: usize) -> u32 {
+        self.members
+            .get(member)
+            .map_or(u32::MAX, |&s| self.table.id_rank(s))
     }
 
     pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {

@@ -1,42 +1,39 @@
-//! One scope's slice of the index: its sharded entries and its replica table.
+//! One scope's slice of the index: its entries and its replica table.
 //!
 //! ```text
 //! ScopeIndex (tenant, model, hash_scheme)
 //!  ├─ table: ArcSwap<ReplicaTable>   slot → replica (id, endpoint, live counters)
-//!  └─ shards[0..S]: RwLock<Shard>     block hash → Entry { holders(slot, refs), lastSeen, accesses }
+//!  └─ store: RwLock<Store>            block hash → Entry { holders(slot, refs), lastSeen, accesses }
 //! ```
 //!
-//! Writers (always under their tenant's writer lock, see `index/mod.rs`) take one
-//! shard's write lock at a time for the blocks of an event that land there.
-//! Readers take the read locks of the shards a chain touches, in ascending order,
-//! once per lookup, and then walk the chain with no further synchronisation, which
-//! lets the CPU overlap the hash-table misses of consecutive blocks.
+//! A lookup takes the read lock once and walks the chain (see `store.rs` for why
+//! that walk touches few cache lines). Writers (always under their tenant's writer
+//! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
+//! at a time, and sweeps for at most [`SWEEP_BATCH`] keys, so a reader never waits
+//! behind more than a couple of microseconds of writing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use hashbrown::hash_map::Entry as MapEntry;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
-use super::entry::{Entry, Release};
+use super::entry::{Entry, Holders, Release};
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
-use super::shard::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Shard, prefix_seed, shard_of};
+use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::core::scope::ScopeKey;
 
 /// The lookup budget ran out before the index could be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Timeout;
 
-/// How many keys a sweep removes per write-lock hold: bounds how long one
-/// shard's readers can wait behind it.
-const SWEEP_BATCH: usize = 256;
+/// How many keys a sweep removes per write-lock hold.
+pub(crate) const SWEEP_BATCH: usize = 256;
 
-/// Blocks probed ahead before their results are used (and how often a long
-/// chain walk checks its deadline).
-const PROBE_WINDOW: usize = 16;
+/// How many blocks of an event are stored or removed per write-lock hold.
+pub(crate) const WRITE_BATCH: usize = 16;
 
 /// The result of matching a legacy prefix.
 pub(crate) struct PrefixMatch {
@@ -49,7 +46,7 @@ pub(crate) struct PrefixMatch {
 /// One scope of the index.
 pub struct ScopeIndex {
     pub(crate) key: ScopeKey,
-    shards: Box<[Padded<RwLock<Shard>>]>,
+    store: Padded<RwLock<Store>>,
     table: ArcSwap<ReplicaTable>,
     table_lock: Mutex<()>,
     entries: AtomicU64,
@@ -59,12 +56,10 @@ pub struct ScopeIndex {
 }
 
 impl ScopeIndex {
-    pub(crate) fn new(key: ScopeKey, shards: usize) -> Self {
+    pub(crate) fn new(key: ScopeKey) -> Self {
         Self {
             key,
-            shards: (0..shards.clamp(1, 64))
-                .map(|_| Padded::default())
-                .collect(),
+            store: Padded::default(),
             table: ArcSwap::from_pointee(ReplicaTable::default()),
             table_lock: Mutex::new(()),
             entries: AtomicU64::new(0),
@@ -85,15 +80,12 @@ impl ScopeIndex {
         self.entries.load(Ordering::Relaxed)
     }
 
-    fn shard_count(&self) -> usize {
-        self.shards.len()
+    fn read(&self) -> RwLockReadGuard<'_, Store> {
+        self.store.0.read()
     }
 
-    fn shard_for(&self, key: &EntryKey) -> usize {
-        match key {
-            EntryKey::Block(h) => shard_of(*h, self.shard_count()),
-            EntryKey::Prefix(p) => shard_of(prefix_seed(p), self.shard_count()),
-        }
+    fn write(&self) -> RwLockWriteGuard<'_, Store> {
+        self.store.0.write()
     }
 
     /// Known to the index: a declared replica, a live registration, or a usable entry.
@@ -225,41 +217,38 @@ impl ScopeIndex {
         }
     }
 
-    /// Stores a run of blocks for `slot`. Block `i` gets stamp `stamps(i)`.
-    /// Returns how many new entries were created.
+    /// Lowers the prefix counts of every holder of a removed entry.
+    fn release_holders(&self, holders: &Holders) {
+        let table = self.table.load();
+        for slot in holders.slots() {
+            if let Some(r) = table.get(slot) {
+                r.live.sub_prefixes(1);
+            }
+        }
+    }
+
+    /// Stores a run of blocks for `slot` (the event's parent first, if any).
+    /// Block `i` gets stamp `stamp_of(i)`. Returns how many new entries were created.
     pub(crate) fn insert_blocks(
         &self,
         slot: u32,
         live: &ReplicaLive,
+        parent: Option<u64>,
         hashes: &[u64],
         stamp_of: impl Fn(usize) -> u64,
     ) -> u64 {
-        let n = self.shard_count();
-        let shard_ids: SmallVec<[u8; 64]> = hashes.iter().map(|&h| shard_of(h, n) as u8).collect();
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
-        for s in 0..n {
-            if !shard_ids.contains(&(s as u8)) {
-                continue;
-            }
-            let mut shard = self.shards[s].0.write();
-            for (i, &h) in hashes.iter().enumerate() {
-                if usize::from(shard_ids[i]) != s {
-                    continue;
-                }
+        let mut prev = parent;
+        for (c, chunk) in hashes.chunks(WRITE_BATCH).enumerate() {
+            let mut store = self.write();
+            for (j, &h) in chunk.iter().enumerate() {
+                let i = c * WRITE_BATCH + j;
                 let stamp = stamp_of(i);
                 newest = newest.max(stamp);
-                match shard.blocks.entry(h) {
-                    MapEntry::Occupied(mut o) => {
-                        let e = o.get_mut();
-                        newly_held += u64::from(e.holders.add(slot));
-                        e.last_seen = e.last_seen.max(stamp);
-                    }
-                    MapEntry::Vacant(v) => {
-                        v.insert(Entry::new(slot, stamp));
-                        created += 1;
-                        newly_held += 1;
-                    }
-                }
+                let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
+                created += u64::from(stored.created);
+                newly_held += u64::from(stored.newly_held);
+                prev = Some(h);
             }
         }
         self.add_entries(created);
@@ -270,32 +259,27 @@ impl ScopeIndex {
 
     /// Whether an entry exists (usable or not).
     pub(crate) fn contains(&self, key: &EntryKey) -> bool {
-        self.shards[self.shard_for(key)].0.read().get(key).is_some()
+        self.read().get(key).is_some()
     }
 
-    /// Stores one block or prefix for `slot`; returns true when the entry is new.
+    /// Stores one block (after `prev`) or prefix for `slot`; returns true when the
+    /// entry is new.
     pub(crate) fn insert_one(
         &self,
         slot: u32,
         live: &ReplicaLive,
         key: &EntryKey,
+        prev: Option<u64>,
         token_count: u32,
         stamp: u64,
     ) -> bool {
-        let mut shard = self.shards[self.shard_for(key)].0.write();
+        let mut store = self.write();
         let (created, newly_held) = match key {
-            EntryKey::Block(h) => match shard.blocks.entry(*h) {
-                MapEntry::Occupied(mut o) => {
-                    let e = o.get_mut();
-                    e.last_seen = e.last_seen.max(stamp);
-                    (false, e.holders.add(slot))
-                }
-                MapEntry::Vacant(v) => {
-                    v.insert(Entry::new(slot, stamp));
-                    (true, true)
-                }
-            },
-            EntryKey::Prefix(p) => match shard.prefixes.get_mut(&**p) {
+            EntryKey::Block(h) => {
+                let s = store.store_block(*h, prev, slot, stamp, 1);
+                (s.created, s.newly_held)
+            }
+            EntryKey::Prefix(p) => match store.prefixes.get_mut(&**p) {
                 Some(pe) => {
                     pe.entry.last_seen = pe.entry.last_seen.max(stamp);
                     if token_count > 0 {
@@ -304,7 +288,7 @@ impl ScopeIndex {
                     (false, pe.entry.holders.add(slot))
                 }
                 None => {
-                    shard.prefixes.insert(
+                    store.prefixes.insert(
                         p.clone(),
                         PrefixEntry {
                             entry: Entry::new(slot, stamp),
@@ -315,7 +299,7 @@ impl ScopeIndex {
                 }
             },
         };
-        drop(shard);
+        drop(store);
         self.add_entries(u64::from(created));
         live.add_prefixes(u64::from(newly_held));
         self.note_store(stamp);
@@ -325,25 +309,18 @@ impl ScopeIndex {
     /// Drops one reference of `slot` on each block. Returns the entries removed
     /// because their last holder went.
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
-        let n = self.shard_count();
-        let shard_ids: SmallVec<[u8; 64]> = hashes.iter().map(|&h| shard_of(h, n) as u8).collect();
         let (mut removed, mut released) = (0u64, 0u64);
-        for s in 0..n {
-            if !shard_ids.contains(&(s as u8)) {
-                continue;
-            }
-            let mut shard = self.shards[s].0.write();
-            for (i, h) in hashes.iter().enumerate() {
-                if usize::from(shard_ids[i]) != s {
-                    continue;
-                }
-                let Some(e) = shard.blocks.get_mut(h) else {
+        for chunk in hashes.chunks(WRITE_BATCH) {
+            let mut store = self.write();
+            for &h in chunk {
+                let key = EntryKey::Block(h);
+                let Some(e) = store.get_mut(&key) else {
                     continue;
                 };
                 if e.holders.release(slot) == Release::Released {
                     released += 1;
                     if e.holders.is_empty() {
-                        shard.blocks.remove(h);
+                        store.take(&key);
                         removed += 1;
                     }
                 }
@@ -357,25 +334,22 @@ impl ScopeIndex {
     /// Removes `slot` from every entry (AllBlocksCleared, replica removal), a
     /// bounded batch per write-lock hold. Returns the entries removed.
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
-        let mut removed = 0u64;
         let mut keys = Vec::new();
-        for s in 0..self.shard_count() {
-            keys.clear();
-            self.shards[s].0.read().for_each(|k, e| {
-                if e.holders.contains(slot) {
-                    keys.push(k.to_owned());
-                }
-            });
-            for batch in keys.chunks(SWEEP_BATCH) {
-                let mut shard = self.shards[s].0.write();
-                for key in batch {
-                    let Some(e) = shard.get_mut(key) else {
-                        continue;
-                    };
-                    if e.holders.remove_all(slot) && e.holders.is_empty() {
-                        shard.take(key);
-                        removed += 1;
-                    }
+        self.read().for_each(|k, e| {
+            if e.holders.contains(slot) {
+                keys.push(k.to_owned());
+            }
+        });
+        let mut removed = 0u64;
+        for batch in keys.chunks(SWEEP_BATCH) {
+            let mut store = self.write();
+            for key in batch {
+                let Some(e) = store.get_mut(key) else {
+                    continue;
+                };
+                if e.holders.remove_all(slot) && e.holders.is_empty() {
+                    store.take(key);
+                    removed += 1;
                 }
             }
         }
@@ -386,76 +360,62 @@ impl ScopeIndex {
 
     /// Removes a whole entry, whoever holds it. Returns false when it was gone.
     pub(crate) fn evict(&self, key: &EntryKey) -> bool {
-        let taken = self.shards[self.shard_for(key)].0.write().take(key);
-        let Some(entry) = taken else { return false };
-        let table = self.table.load();
-        for slot in entry.holders.slots() {
-            if let Some(r) = table.get(slot) {
-                r.live.sub_prefixes(1);
-            }
-        }
+        let taken = self.write().take(key);
+        let Some(holders) = taken else { return false };
+        self.release_holders(&holders);
         self.sub_entries(1);
         true
     }
 
     /// Removes every entry older than `ttl`, a bounded batch per write-lock hold.
     pub(crate) fn sweep_expired(&self, now: u64, ttl: u64) -> u64 {
-        let mut evicted = 0u64;
         let mut keys = Vec::new();
-        for s in 0..self.shard_count() {
-            keys.clear();
-            self.shards[s].0.read().for_each(|k, e| {
-                if !e.is_fresh(now, ttl) {
-                    keys.push(k.to_owned());
-                }
-            });
-            for batch in keys.chunks(SWEEP_BATCH) {
-                let table = self.table.load();
-                let mut shard = self.shards[s].0.write();
+        self.read().for_each(|k, e| {
+            if !e.is_fresh(now, ttl) {
+                keys.push(k.to_owned());
+            }
+        });
+        let mut evicted = 0u64;
+        for batch in keys.chunks(SWEEP_BATCH) {
+            let mut taken = Vec::new();
+            {
+                let mut store = self.write();
                 for key in batch {
-                    if shard.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
-                        && let Some(e) = shard.take(key)
+                    if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
+                        && let Some(h) = store.take(key)
                     {
-                        for slot in e.holders.slots() {
-                            if let Some(r) = table.get(slot) {
-                                r.live.sub_prefixes(1);
-                            }
-                        }
-                        evicted += 1;
+                        taken.push(h);
                     }
                 }
             }
+            for h in &taken {
+                self.release_holders(h);
+            }
+            evicted += taken.len() as u64;
         }
         self.sub_entries(evicted);
         evicted
     }
 
-    /// Visits every entry, shard by shard under read locks (victim scans).
-    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
-        for s in 0..self.shard_count() {
-            self.shards[s].0.read().for_each(&mut f);
-        }
+    /// Visits every entry under the read lock (victim scans).
+    pub(crate) fn scan(&self, f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
+        self.read().for_each(f);
     }
 
     /// (accesses, lastSeen) of an entry, to check a cached victim is still current.
     pub(crate) fn order_of(&self, key: &EntryKey) -> Option<(u32, u64)> {
-        self.shards[self.shard_for(key)]
-            .0
-            .read()
-            .get(key)
-            .map(|e| (e.accesses(), e.last_seen))
+        self.read().get(key).map(|e| (e.accesses(), e.last_seen))
     }
 
     // ----- reads (the lookup path) -----
 
-    fn read_shard(
+    fn read_within(
         &self,
-        s: usize,
         deadline: Option<Instant>,
-    ) -> Result<RwLockReadGuard<'_, Shard>, Timeout> {
+    ) -> Result<RwLockReadGuard<'_, Store>, Timeout> {
         match deadline {
-            None => Ok(self.shards[s].0.read()),
-            Some(d) => self.shards[s].0.try_read_until(d).ok_or(Timeout),
+            None => Ok(self.read()),
+            Some(d) => self.store.0.try_read_until(d).ok_or(Timeout),
         }
     }
 
@@ -478,79 +438,61 @@ impl ScopeIndex {
         if serving.is_empty() || chain.is_empty() {
             return Ok(runs);
         }
-        let n = self.shard_count();
-        let mut needed = 0u64;
-        for &h in chain {
-            needed |= 1 << shard_of(h, n);
-            if needed.count_ones() as usize == n {
-                break;
+        let store = self.read_within(deadline)?;
+        // `alive` = serving replicas holding the whole run so far, as a bitset over
+        // slots: one AND per block (holder masks make it one AND per entry too).
+        let words = serving.slot_bits.len();
+        let mut alive: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
+        let mut held: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
+        let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
+        let mut timed_out = false;
+        let end = store.walk(chain, |i, e| {
+            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+                timed_out = true;
+                return false;
             }
-        }
-        // Ascending order: writers hold at most one shard at a time, so readers
-        // holding several can never deadlock with them.
-        let mut guards: SmallVec<[Option<RwLockReadGuard<'_, Shard>>; 16]> = SmallVec::new();
-        for s in 0..n {
-            guards.push(if needed & (1 << s) != 0 {
-                Some(self.read_shard(s, deadline)?)
-            } else {
-                None
-            });
-        }
-        // `alive` = members holding the whole run so far, as a bitset over member
-        // indices: one AND per block whatever the number of holders.
-        let words = serving.len().div_ceil(64);
-        let mut alive: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
-        let mut held: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
-        let mut end = chain.len();
-        // Probe a window of blocks first and process it after: the probes are
-        // independent, so the CPU overlaps their cache misses instead of paying
-        // them one after another.
-        let mut found: [Option<&Entry>; PROBE_WINDOW] = [None; PROBE_WINDOW];
-        'walk: for (w_index, window) in chain.chunks(PROBE_WINDOW).enumerate() {
-            if w_index > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Timeout);
+            if !e.is_fresh(now, ttl) {
+                return false;
             }
-            for (slot, h) in found.iter_mut().zip(window) {
-                *slot = guards[shard_of(*h, n)]
-                    .as_ref()
-                    .and_then(|g| g.blocks.get(h));
-            }
-            for (j, e) in found[..window.len()].iter().enumerate() {
-                let i = w_index * PROBE_WINDOW + j;
-                let Some(e) = e.filter(|e| e.is_fresh(now, ttl)) else {
-                    end = i;
-                    break 'walk;
-                };
-                held.iter_mut().for_each(|w| *w = 0);
-                for slot in e.holders.slots() {
-                    if let Some(m) = serving.member_of(slot) {
-                        held[m / 64] |= 1 << (m % 64);
+            match e.holders.low_mask() {
+                Some(mask) if words == 1 => held[0] = mask,
+                _ => {
+                    held.iter_mut().for_each(|w| *w = 0);
+                    for slot in e.holders.slots() {
+                        if let Some(w) = held.get_mut(slot as usize / 64) {
+                            *w |= 1 << (slot % 64);
+                        }
                     }
                 }
-                let mut any = 0u64;
-                for w in 0..words {
-                    let kept = if i == 0 { held[w] } else { alive[w] & held[w] };
-                    let mut dropped = alive[w] & !kept;
-                    while dropped != 0 {
-                        let bit = dropped.trailing_zeros() as usize;
-                        runs[w * 64 + bit] = i as u32;
-                        dropped &= dropped - 1;
-                    }
-                    alive[w] = kept;
-                    any |= kept;
-                }
-                if any == 0 {
-                    return Ok(runs);
-                }
             }
+            let mut any = 0u64;
+            for w in 0..words {
+                let holding = held[w] & serving.slot_bits[w];
+                let kept = if i == 0 { holding } else { alive[w] & holding };
+                let mut dropped = alive[w] & !kept;
+                while dropped != 0 {
+                    let bit = dropped.trailing_zeros() as usize;
+                    slot_runs[w * 64 + bit] = i as u32;
+                    dropped &= dropped - 1;
+                }
+                alive[w] = kept;
+                any |= kept;
+            }
+            any != 0
+        });
+        if timed_out {
+            return Err(Timeout);
         }
         for (w, &word) in alive.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
                 let bit = bits.trailing_zeros() as usize;
-                runs[w * 64 + bit] = end as u32;
+                slot_runs[w * 64 + bit] = end as u32;
                 bits &= bits - 1;
             }
+        }
+        for (m, &slot) in serving.members.iter().enumerate() {
+            runs[m] = slot_runs[slot as usize];
         }
         Ok(runs)
     }
@@ -564,13 +506,12 @@ impl ScopeIndex {
         ttl: u64,
         deadline: Option<Instant>,
     ) -> Result<PrefixMatch, Timeout> {
-        let s = shard_of(prefix_seed(prefix), self.shard_count());
-        let shard = self.read_shard(s, deadline)?;
+        let store = self.read_within(deadline)?;
         let mut out = PrefixMatch {
             holders: SmallVec::new(),
             token_count: 0,
         };
-        if let Some(pe) = shard
+        if let Some(pe) = store
             .prefixes
             .get(prefix)
             .filter(|p| p.entry.is_fresh(now, ttl))
@@ -589,22 +530,16 @@ impl ScopeIndex {
 
     /// LFU: one access to each of the given chain blocks.
     pub(crate) fn credit_chain(&self, chain: &[u64]) {
-        let n = self.shard_count();
-        for s in 0..n {
-            let mut guard = None;
-            for &h in chain.iter().filter(|&&h| shard_of(h, n) == s) {
-                let g = guard.get_or_insert_with(|| self.shards[s].0.read());
-                if let Some(e) = g.blocks.get(&h) {
-                    e.credit();
-                }
-            }
-        }
+        let store = self.read();
+        store.walk(chain, |_, e| {
+            e.credit();
+            true
+        });
     }
 
     /// LFU: one access to a legacy prefix entry.
     pub(crate) fn credit_prefix(&self, prefix: &str) {
-        let s = shard_of(prefix_seed(prefix), self.shard_count());
-        if let Some(p) = self.shards[s].0.read().prefixes.get(prefix) {
+        if let Some(p) = self.read().prefixes.get(prefix) {
             p.entry.credit();
         }
     }
@@ -622,9 +557,9 @@ impl ScopeIndex {
         serving.replica(member).and_then(|r| r.endpoint().cloned())
     }
 
-    /// Test hook: holds every shard's write lock, as a long writer would.
+    /// Test hook: holds the write lock, as a long writer would.
     #[cfg(test)]
-    pub(crate) fn hold_all_shards(&self) -> Vec<parking_lot::RwLockWriteGuard<'_, Shard>> {
-        self.shards.iter().map(|s| s.0.write()).collect()
+    pub(crate) fn hold_all_shards(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
+        vec![self.write()]
     }
 }
