@@ -47,7 +47,7 @@ fn t0() -> Timestamp {
 
 /// `secs` seconds after [`t0`].
 fn at(secs: u64) -> Timestamp {
-    t0().add(Duration::from_secs(secs))
+    t0().plus(Duration::from_secs(secs))
 }
 
 fn floor(s: &str) -> FloorScore {
