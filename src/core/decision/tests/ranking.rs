@@ -326,3 +326,16 @@ fn enable_tenant_hot_false_turns_tenant_hot_into_affinity_or_no_hint() {
         ReasonCode::UnknownModel,
     );
 }
+
+#[test]
+fn step7_tenant_hot_ignores_entries_past_eviction_ttl() {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[1, 2, 3]);
+    // Both stay registered, but r1's entries age past the 10m evictionTTL.
+    register(&router, acme(), "r1", at(650));
+    register(&router, acme(), "r2", at(650));
+    assert_tenant_hot(&lookup_at(&router, &req(&[50]), at(599)), "r1");
+    // Before any sweep, the expired entries are absent for lookups: no TENANT_HOT.
+    let d = lookup_at(&router, &req(&[50]), at(660));
+    assert_affinity(&d, &owner(50, &["r1", "r2"]));
+}
