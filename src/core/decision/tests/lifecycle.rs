@@ -191,3 +191,41 @@ fn policy_revision_is_echoed_on_every_decision() {
         assert_eq!(lookup(&router, r).policy_revision, second, "{r:?}");
     }
 }
+
+#[test]
+fn fallback_endpoint_picks_the_least_loaded_serving_replica_then_round_robins() {
+    let router = mk_router(ResolvedPolicy::default());
+    for (id, waiting) in [("r1", 5), ("r2", 1), ("r3", 0)] {
+        let stats = ReplicaStats {
+            waiting_requests: waiting,
+            running_requests: if id == "r3" { 1 } else { 0 },
+            ..ReplicaStats::default()
+        };
+        let report = StatsReport {
+            scope: acme(),
+            replica_id: id,
+            endpoint: &endpoint_of(id),
+            stats,
+        };
+        router
+            .report_stats(&report, t0())
+            .expect("well-formed report");
+    }
+    store_prefix_only(&router, acme(), "p1", &[1]);
+    let pick = |candidates: &[String], now| {
+        router
+            .fallback_endpoint(acme(), candidates, now)
+            .map(|e| e.to_string())
+    };
+    // r2 and r3 tie at load 1: they take turns; r1 (5) and p1 (prefix-only) never.
+    let picks: BTreeSet<_> = (0..4).filter_map(|_| pick(&[], at(1))).collect();
+    let expected: BTreeSet<_> = ["r2", "r3"].iter().map(|id| endpoint_of(id)).collect();
+    assert_eq!(picks, expected);
+    assert_eq!(pick(&["r1".to_string()], at(1)), Some(endpoint_of("r1")));
+    // No serving replica (stale registrations, unknown scope): none.
+    assert_eq!(pick(&[], at(700)), None);
+    assert_eq!(
+        router.fallback_endpoint(scope_of(WALK_IN, VLLM), &[], at(1)),
+        None
+    );
+}
