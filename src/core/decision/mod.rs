@@ -109,7 +109,13 @@ pub fn decide(
     let mut hint = match ranking {
         Ranking::Prefix(rows) => Some((Strategy::PrefixMatch, ReasonCode::PrefixMatch, rows)),
         Ranking::BelowFloor => None,
-        Ranking::NoMatch if has_seed && policy.strategy.enable_tenant_hot => {
+        // Expired entries are absent for lookups: no TENANT_HOT on entries the
+        // sweep has not removed yet.
+        Ranking::NoMatch
+            if has_seed
+                && policy.strategy.enable_tenant_hot
+                && scope_index.may_hold_usable_entries(now, ttl) =>
+        {
             tenant_hot(&serving).map(|row| (Strategy::TenantHot, ReasonCode::TenantHot, vec![row]))
         }
         Ranking::NoMatch => None,

@@ -92,9 +92,14 @@ impl ScopeIndex {
     pub(crate) fn is_known(&self, now: u64, ttl: u64) -> bool {
         let table = self.table.load();
         let has_replica = table.iter().any(|(_, r)| r.is_serving(now, ttl));
-        has_replica
-            || (self.entries() > 0
-                && now.saturating_sub(self.last_store.load(Ordering::Relaxed)) <= ttl)
+        has_replica || self.may_hold_usable_entries(now, ttl)
+    }
+
+    /// False when no entry of the scope can be usable: every entry's lastSeen is
+    /// at most the newest store, so once that is older than `ttl` all of them have
+    /// expired, even before the sweep removes them.
+    pub(crate) fn may_hold_usable_entries(&self, now: u64, ttl: u64) -> bool {
+        self.entries() > 0 && now.saturating_sub(self.last_store.load(Ordering::Relaxed)) <= ttl
     }
 
     // ----- replicas (callers hold the tenant's writer lock) -----

@@ -1,0 +1,341 @@
+//! Step 7: the distinguishing-power ranker, both result-side floors and TENANT_HOT.
+
+use super::*;
+
+/// N = 4 serving: r1 holds [1, 2, 3, 4], r2 [1, 2], r3 [9], r4 nothing.
+/// For the request [1, 2, 3, 4]: h = 2, 2, 1, 1, so d = 1/2, 1/2, 3/4, 3/4.
+fn four_replicas(policy: ResolvedPolicy) -> Router {
+    let router = mk_router(policy);
+    store(&router, "r1", &[1, 2, 3, 4]);
+    store(&router, "r2", &[1, 2]);
+    store(&router, "r3", &[9]);
+    register(&router, acme(), "r4", t0());
+    router
+}
+
+#[test]
+fn step7_score_sums_token_weighted_distinguishing_power() {
+    let router = four_replicas(open());
+    let d = lookup(&router, &req(&[1, 2, 3, 4]));
+    // r1: 1/2 + 1/2 + 3/4 + 3/4; r2: 1/2 + 1/2. r3 and r4 matched nothing.
+    assert_prefix(&d, &[row("r1", 2.5, 64, 4), row("r2", 1.0, 32, 2)]);
+    let best = d.pick().expect("a pick");
+    assert_eq!(best.endpoint, "r1.pods:8000");
+}
+
+#[test]
+fn step7_partial_blocks_weigh_by_their_token_count() {
+    let router = four_replicas(open());
+    let d = lookup(&router, &req(&[1, 2, 3, 4]).tokens(&[16, 16, 16, 8]));
+    // The last block weighs 8/16 × 3/4.
+    assert_prefix(&d, &[row("r1", 2.125, 56, 4), row("r2", 1.0, 32, 2)]);
+}
+
+#[test]
+fn step7_matched_tokens_use_the_request_token_counts() {
+    let router = mk_router(open());
+    let event = IndexEvent::Stored {
+        parent: None,
+        hashes: vec![1, 2],
+        token_counts: vec![8, 8],
+    };
+    ingest(&router, acme(), "r1", &endpoint_of("r1"), &[event], t0());
+    register(&router, acme(), "r2", t0());
+    let d = lookup(&router, &req(&[1, 2]).tokens(&[32, 32]));
+    assert_prefix(&d, &[row("r1", 2.0, 64, 2)]);
+}
+
+#[test]
+fn step7_equal_scores_rank_by_replica_id() {
+    let router = mk_router(open());
+    // r2 first, so slot order differs from id order.
+    store(&router, "r2", &[1, 2]);
+    store(&router, "r1", &[1, 2]);
+    register(&router, acme(), "r3", t0());
+    register(&router, acme(), "r4", t0());
+    let d = lookup(&router, &req(&[1, 2]));
+    assert_prefix(&d, &[row("r1", 1.0, 32, 2), row("r2", 1.0, 32, 2)]);
+}
+
+#[test]
+fn step7_only_replicas_with_a_matched_block_are_ranked_even_with_a_zero_floor() {
+    let router = four_replicas(open());
+    let d = lookup(&router, &req(&[1]));
+    // r3 and r4 matched nothing and are not listed, though both floors are 0.
+    assert_prefix(&d, &[row("r1", 0.5, 16, 1), row("r2", 0.5, 16, 1)]);
+}
+
+#[test]
+fn step7_legacy_prefix_counts_as_one_block_of_its_stored_tokens() {
+    let router = mk_router(open());
+    store_legacy(&router, "r1", "p-sys", 128);
+    store_legacy(&router, "r1", "p-doc", 0);
+    register(&router, acme(), "r2", t0());
+    // The stored count wins over the request's.
+    assert_prefix(
+        &lookup(&router, &legacy("p-sys", 40)),
+        &[row("r1", 4.0, 128, 1)],
+    );
+    // Stored without a count: the request's prefix_token_count.
+    assert_prefix(
+        &lookup(&router, &legacy("p-doc", 48)),
+        &[row("r1", 1.5, 48, 1)],
+    );
+}
+
+#[test]
+fn step7_chain_path_wins_when_both_chain_and_prefix_are_given() {
+    let router = mk_router(open());
+    store(&router, "r1", &[1, 2, 3, 4]);
+    store_legacy(&router, "r2", "p-sys", 128);
+    let d = lookup(&router, &req(&[1, 2, 3, 4]).prefix("p-sys", 128));
+    assert_prefix(&d, &[row("r1", 2.0, 64, 4)]);
+}
+
+#[test]
+fn floor_minimum_matched_tokens_0_keeps_a_one_block_match() {
+    let router = mk_router(open());
+    store(&router, "r1", &[1]);
+    register(&router, acme(), "r2", t0());
+    assert_prefix(&lookup(&router, &req(&[1])), &[row("r1", 0.5, 16, 1)]);
+}
+
+#[test]
+fn floor_minimum_matched_tokens_64_drops_shorter_matches() {
+    let policy = no_affinity(ResolvedPolicy {
+        minimum_matched_tokens: 64,
+        ..open()
+    });
+    let router = mk_router(policy);
+    store(&router, "r1", &[1, 2, 3, 4]);
+    store(&router, "r2", &[1, 2, 3]);
+    register(&router, acme(), "r3", t0());
+    register(&router, acme(), "r4", t0());
+    // r2 (48 tokens, score 1.5) is filtered; r1 (64 tokens) survives.
+    let d = lookup(&router, &req(&[1, 2, 3, 4]));
+    assert_prefix(&d, &[row("r1", 2.25, 64, 4)]);
+    // Nobody reaches 64: StrategyNone, and NO_HINT without affinity.
+    assert_none(&lookup(&router, &req(&[1, 2, 3])), ReasonCode::NoHint);
+}
+
+#[test]
+fn floor_minimum_matched_tokens_below_the_floor_lands_on_affinity_when_enabled() {
+    let router = mk_router(ResolvedPolicy {
+        minimum_matched_tokens: 64,
+        ..open()
+    });
+    store(&router, "r1", &[1, 2, 3]);
+    register(&router, acme(), "r2", t0());
+    let d = lookup(&router, &req(&[1, 2, 3]));
+    assert_affinity(&d, &owner(3, &["r1", "r2"]));
+}
+
+#[test]
+fn floor_minimum_matched_tokens_omitted_is_64_for_a_tenant_without_policy() {
+    let router = mk_router(open());
+    let walk_in = scope_of(WALK_IN, VLLM);
+    assert_eq!(
+        router
+            .snapshot()
+            .tenant(WALK_IN)
+            .policy
+            .minimum_matched_tokens,
+        64
+    );
+    store_at(&router, walk_in, "r1", &[1, 2, 3, 4], t0());
+    register(&router, walk_in, "r2", t0());
+    // 48 matched tokens < 64: downgraded, affinity (the default) answers.
+    let d = lookup(&router, &req(&[1, 2, 3]).tenant(WALK_IN));
+    assert_affinity(&d, &owner(3, &["r1", "r2"]));
+    // 64 matched tokens, score 2.0 ≥ 0.1.
+    let d = lookup(&router, &req(&[1, 2, 3, 4]).tenant(WALK_IN));
+    assert_prefix(&d, &[row("r1", 2.0, 64, 4)]);
+}
+
+#[test]
+fn floor_minimum_matched_tokens_omitted_on_a_policy_materialises_64() {
+    // A CachePolicy that omits the field resolves to the CRD default.
+    let router = mk_router(no_affinity(ResolvedPolicy {
+        routing_floor_score: floor("0"),
+        ..ResolvedPolicy::default()
+    }));
+    store(&router, "r1", &[1, 2, 3, 4]);
+    register(&router, acme(), "r2", t0());
+    assert_none(&lookup(&router, &req(&[1, 2, 3])), ReasonCode::NoHint);
+    assert_prefix(
+        &lookup(&router, &req(&[1, 2, 3, 4])),
+        &[row("r1", 2.0, 64, 4)],
+    );
+}
+
+/// r1 and r2 both hold [1..=5]: an overlap every serving replica holds (score 0).
+fn shared_overlap(policy: ResolvedPolicy) -> Router {
+    let router = mk_router(policy);
+    store(&router, "r1", &[1, 2, 3, 4, 5]);
+    store(&router, "r2", &[1, 2, 3, 4, 5]);
+    router
+}
+
+#[test]
+fn floor_routing_score_0_1_catches_an_overlap_every_replica_holds() {
+    let floor_0_1 = ResolvedPolicy {
+        minimum_matched_tokens: 0,
+        ..ResolvedPolicy::default()
+    };
+    let r = req(&[1, 2, 3, 4, 5]);
+    let router = shared_overlap(no_affinity(floor_0_1.clone()));
+    assert_none(&lookup(&router, &r), ReasonCode::NoHint);
+    let router = shared_overlap(floor_0_1);
+    assert_affinity(&lookup(&router, &r), &owner(5, &["r1", "r2"]));
+}
+
+#[test]
+fn floor_routing_score_0_lets_a_zero_score_overlap_through() {
+    let router = shared_overlap(open());
+    let d = lookup(&router, &req(&[1, 2, 3, 4, 5]));
+    assert_prefix(&d, &[row("r1", 0.0, 80, 5), row("r2", 0.0, 80, 5)]);
+}
+
+#[test]
+fn floor_routing_score_gates_only_the_best_survivor() {
+    let at_0_6 = no_affinity(ResolvedPolicy {
+        minimum_matched_tokens: 0,
+        routing_floor_score: floor("0.6"),
+        ..ResolvedPolicy::default()
+    });
+    let router = mk_router(at_0_6.clone());
+    store(&router, "r1", &[1, 2, 3, 4]);
+    store(&router, "r2", &[1]);
+    register(&router, acme(), "r3", t0());
+    register(&router, acme(), "r4", t0());
+    // r1: 1/2 + 3 × 3/4 = 2.75; r2: 1/2 < 0.6 but stays listed.
+    let d = lookup(&router, &req(&[1, 2, 3, 4]));
+    assert_prefix(&d, &[row("r1", 2.75, 64, 4), row("r2", 0.5, 16, 1)]);
+    // The best alone below the floor downgrades the whole response.
+    assert_none(&lookup(&router, &req(&[1])), ReasonCode::NoHint);
+}
+
+#[test]
+fn floors_downgrade_independently() {
+    let policy = |tokens: u32, score: &str| {
+        no_affinity(ResolvedPolicy {
+            minimum_matched_tokens: tokens,
+            routing_floor_score: floor(score),
+            ..ResolvedPolicy::default()
+        })
+    };
+    // A distinctive 32-token match (score 1.0) and a 128-token overlap all hold (score 0).
+    let data = |router: &Router| {
+        store(router, "r1", &[1, 2]);
+        store(router, "r1", &[10, 11, 12, 13, 14, 15, 16, 17]);
+        store(router, "r2", &[10, 11, 12, 13, 14, 15, 16, 17]);
+    };
+    let short = req(&[1, 2]);
+    let shared = req(&[10, 11, 12, 13, 14, 15, 16, 17]);
+    // Only the matched-tokens floor is on: it alone catches the short match.
+    let router = mk_router(policy(64, "0"));
+    data(&router);
+    assert_none(&lookup(&router, &short), ReasonCode::NoHint);
+    assert_eq!(lookup(&router, &shared).reason, ReasonCode::PrefixMatch);
+    // Only the score floor is on: it alone catches the shared overlap.
+    let router = mk_router(policy(0, "0.1"));
+    data(&router);
+    assert_prefix(&lookup(&router, &short), &[row("r1", 1.0, 32, 2)]);
+    assert_none(&lookup(&router, &shared), ReasonCode::NoHint);
+    // Both opted out: both surface.
+    let router = mk_router(policy(0, "0"));
+    data(&router);
+    assert_eq!(lookup(&router, &short).reason, ReasonCode::PrefixMatch);
+    assert_eq!(lookup(&router, &shared).reason, ReasonCode::PrefixMatch);
+    // Both on (the defaults): both downgraded.
+    let router = mk_router(policy(64, "0.1"));
+    data(&router);
+    assert_none(&lookup(&router, &short), ReasonCode::NoHint);
+    assert_none(&lookup(&router, &shared), ReasonCode::NoHint);
+}
+
+#[test]
+fn step7_tenant_hot_picks_the_serving_replica_holding_most_entries() {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[1, 2, 3]);
+    store(&router, "r2", &[7]);
+    assert_tenant_hot(&lookup(&router, &req(&[50, 51])), "r1");
+    assert_tenant_hot(&lookup(&router, &legacy("p-none", 64)), "r1");
+}
+
+#[test]
+fn step7_tenant_hot_ties_break_on_latest_event_then_replica_id() {
+    let router = mk_router(ResolvedPolicy::default());
+    store_at(&router, acme(), "r1", &[1, 2], t0());
+    store_at(&router, acme(), "r2", &[7, 8], at(1));
+    assert_tenant_hot(&lookup_at(&router, &req(&[50]), at(2)), "r2");
+    // Same count, same last event: the smaller id.
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r2", &[7, 8]);
+    store(&router, "r1", &[1, 2]);
+    assert_tenant_hot(&lookup(&router, &req(&[50])), "r1");
+}
+
+#[test]
+fn step7_tenant_hot_needs_a_seed() {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[1, 2, 3]);
+    // Neither chain nor prefix_hash: no TENANT_HOT, and no affinity seed either.
+    assert_none(&lookup(&router, &req(&[])), ReasonCode::NoHint);
+}
+
+#[test]
+fn step7_tenant_hot_needs_a_replica_holding_an_entry() {
+    let router = mk_router(ResolvedPolicy::default());
+    register(&router, acme(), "r1", t0());
+    register(&router, acme(), "r2", t0());
+    assert_affinity(&lookup(&router, &req(&[50])), &owner(50, &["r1", "r2"]));
+    let router = mk_router(no_affinity(ResolvedPolicy::default()));
+    register(&router, acme(), "r1", t0());
+    assert_none(&lookup(&router, &req(&[50])), ReasonCode::NoHint);
+}
+
+#[test]
+fn step7_tenant_hot_ignores_prefix_only_replicas() {
+    let router = mk_router(ResolvedPolicy::default());
+    store_prefix_only(&router, acme(), "p1", &[1, 2, 3, 4, 5]);
+    store(&router, "r1", &[7]);
+    register(&router, acme(), "r2", t0());
+    assert_tenant_hot(&lookup(&router, &req(&[50])), "r1");
+}
+
+#[test]
+fn enable_tenant_hot_false_turns_tenant_hot_into_affinity_or_no_hint() {
+    let cold = ResolvedPolicy {
+        strategy: gates(false, true, false),
+        ..open()
+    };
+    let router = mk_router(cold.clone());
+    store(&router, "r1", &[1, 2, 3]);
+    store(&router, "r2", &[7]);
+    assert_affinity(&lookup(&router, &req(&[50])), &owner(50, &["r1", "r2"]));
+    // Prefix matches still surface (N = 2, d = 1/2 on three blocks).
+    assert_prefix(&lookup(&router, &req(&[1, 2, 3])), &[row("r1", 1.5, 48, 3)]);
+    let router = mk_router(no_affinity(cold));
+    store(&router, "r1", &[1, 2, 3]);
+    store(&router, "r2", &[7]);
+    assert_none(&lookup(&router, &req(&[50])), ReasonCode::NoHint);
+    // Diagnostics still behave normally.
+    assert_none(
+        &lookup(&router, &req(&[50]).model("mistral")),
+        ReasonCode::UnknownModel,
+    );
+}
+
+#[test]
+fn step7_tenant_hot_ignores_entries_past_eviction_ttl() {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[1, 2, 3]);
+    // Both stay registered, but r1's entries age past the 10m evictionTTL.
+    register(&router, acme(), "r1", at(650));
+    register(&router, acme(), "r2", at(650));
+    assert_tenant_hot(&lookup_at(&router, &req(&[50]), at(599)), "r1");
+    // Before any sweep, the expired entries are absent for lookups: no TENANT_HOT.
+    let d = lookup_at(&router, &req(&[50]), at(660));
+    assert_affinity(&d, &owner(50, &["r1", "r2"]));
+}
