@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::shard::{EntryKey, EntryKeyRef};
+use super::store::{EntryKey, EntryKeyRef};
 use super::*;
 use crate::core::policy::EvictionAlgorithm::{self, Lfu, Lru};
 use crate::core::scope::PROBE_TENANT;
@@ -22,10 +22,7 @@ const VLLM: &str = "vllm-sha256-cbor";
 const TTL: u64 = 600 * 1_000_000_000;
 
 fn mk_index(cap: u64) -> Index {
-    Index::new(IndexConfig {
-        max_entries: cap,
-        shards_per_scope: 4,
-    })
+    Index::new(IndexConfig { max_entries: cap })
 }
 
 fn limits(eviction: EvictionAlgorithm, quota: Option<u64>) -> TenantLimits {
