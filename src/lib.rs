@@ -4,3 +4,4 @@
 #![forbid(unsafe_code)]
 
 pub mod core;
+pub mod proto;
