@@ -3,5 +3,6 @@
 //! The crate is a pure routing [`core`] with adapters around it (see `docs/architecture.md`).
 #![forbid(unsafe_code)]
 
+pub mod adapters;
 pub mod core;
 pub mod proto;
