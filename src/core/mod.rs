@@ -13,8 +13,12 @@
 //! Time is always passed in as a [`time::Timestamp`] so tests control the clock.
 
 pub mod decision;
+pub mod index;
 pub mod policy;
+pub mod router;
 pub mod scope;
+pub mod selftest;
 pub mod snapshot;
 pub mod time;
 
+pub use router::Router;

@@ -164,7 +164,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
         }
         let (num, after) = rest.split_at(num_len);
         let value: f64 = num.parse().map_err(|_| err())?;
-        let unit_len = after.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        let unit_len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
         let (unit, after) = after.split_at(unit_len);
         let scale = match unit {
             "h" => 3600.0,

@@ -37,7 +37,10 @@ impl Timestamp {
     }
 
     pub fn add(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+        Self(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
     }
 
     /// RFC 3339 with millisecond precision, UTC, for `/snapshot` and status.

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::core::index::ReplicaTable;
+
 /// How the pick was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
@@ -55,39 +57,83 @@ impl ReasonCode {
     }
 }
 
-/// One ranked replica.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ReplicaScore {
-    pub replica_id: Arc<str>,
+/// One ranked replica, borrowed from the decision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplicaScore<'a> {
+    pub replica_id: &'a str,
     /// `host:port` the request should go to.
-    pub endpoint: Arc<str>,
+    pub endpoint: &'a str,
+    pub score: f64,
+    pub matched_tokens: u32,
+    pub matched_blocks: u32,
+}
+
+/// A ranked row: the replica's slot in the scope's table and its figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ScoredSlot {
+    pub slot: u32,
     pub score: f64,
     pub matched_tokens: u32,
     pub matched_blocks: u32,
 }
 
 /// The outcome of one LookupRoute decision.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Rows refer to the scope's replica table as it was when the decision was made
+/// (one shared `Arc`), so building a decision copies no strings.
+#[derive(Clone, Debug)]
 pub struct Decision {
-    /// Best first; empty when no hint is given.
-    pub scores: Vec<ReplicaScore>,
     pub strategy: Strategy,
     pub reason: ReasonCode,
     pub policy_revision: Arc<str>,
+    rows: Vec<ScoredSlot>,
+    replicas: Option<Arc<ReplicaTable>>,
 }
 
 impl Decision {
     pub(crate) fn none(reason: ReasonCode, policy_revision: &Arc<str>) -> Self {
         Self {
-            scores: Vec::new(),
             strategy: Strategy::None,
             reason,
             policy_revision: policy_revision.clone(),
+            rows: Vec::new(),
+            replicas: None,
         }
     }
 
+    pub(crate) fn with_rows(
+        strategy: Strategy,
+        reason: ReasonCode,
+        policy_revision: &Arc<str>,
+        rows: Vec<ScoredSlot>,
+        replicas: Arc<ReplicaTable>,
+    ) -> Self {
+        Self {
+            strategy,
+            reason,
+            policy_revision: policy_revision.clone(),
+            rows,
+            replicas: Some(replicas),
+        }
+    }
+
+    /// The ranked replicas, best first; empty when no hint is given.
+    pub fn scores(&self) -> impl Iterator<Item = ReplicaScore<'_>> {
+        let table = self.replicas.as_deref();
+        self.rows.iter().filter_map(move |row| {
+            let replica = table?.get(row.slot)?;
+            Some(ReplicaScore {
+                replica_id: &replica.id,
+                endpoint: replica.endpoint().map_or("", |e| &**e),
+                score: row.score,
+                matched_tokens: row.matched_tokens,
+                matched_blocks: row.matched_blocks,
+            })
+        })
+    }
+
     /// The picked replica, if the decision gives a hint.
-    pub fn pick(&self) -> Option<&ReplicaScore> {
-        self.scores.first()
+    pub fn pick(&self) -> Option<ReplicaScore<'_>> {
+        self.scores().next()
     }
 }

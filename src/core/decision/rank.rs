@@ -1,0 +1,214 @@
+//! The distinguishing-power ranker (contract §4 step 7).
+//!
+//! For block i of the request chain, h_i is how many serving replicas hold the
+//! leading run through block i, and d_i = 1 − h_i / N its distinguishing power.
+//! A replica that holds the first m_r blocks scores Σ_{i<m_r} (t_i / 16) × d_i:
+//! a prefix every replica holds (a chat template, a shared system prompt) adds
+//! nothing, so the floors can catch it.
+
+use smallvec::SmallVec;
+
+/// Tokens per block the score is normalised to.
+const SCORE_BLOCK_TOKENS: f64 = 16.0;
+
+/// One ranked replica (by member index of the serving set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Row {
+    pub member: usize,
+    pub score: f64,
+    pub matched_tokens: u32,
+    pub matched_blocks: u32,
+}
+
+/// What the ranker concluded.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Ranking {
+    /// No serving replica matched even one block: the TENANT_HOT branch.
+    NoMatch,
+    /// Matches existed but the floors downgraded them: StrategyNone.
+    BelowFloor,
+    /// PREFIX_MATCH, best first.
+    Prefix(Vec<Row>),
+}
+
+/// The floors of one policy.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Floors {
+    pub minimum_matched_tokens: u32,
+    pub routing_floor_score: f64,
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// Ranks the chain path. `runs[member]` is m_r; `token_counts` the request's.
+pub(crate) fn rank_chain<'a>(
+    runs: &[u32],
+    token_counts: &[u32],
+    floors: Floors,
+    id_of: impl Fn(usize) -> &'a str,
+) -> Ranking {
+    let n = runs.len();
+    let max_run = runs.iter().copied().max().unwrap_or(0) as usize;
+    if max_run == 0 || n == 0 {
+        return Ranking::NoMatch;
+    }
+    // holders_through[i] = h_i, from a histogram of run lengths.
+    let mut ending: SmallVec<[u32; 72]> = SmallVec::from_elem(0, max_run + 1);
+    for &m in runs {
+        ending[m as usize] += 1;
+    }
+    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::with_capacity(max_run + 1);
+    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::with_capacity(max_run + 1);
+    prefix_score.push(0.0);
+    prefix_tokens.push(0);
+    let mut holding = n as u32 - ending[0];
+    for i in 0..max_run {
+        let t = f64::from(token_counts.get(i).copied().unwrap_or(0));
+        let d = 1.0 - f64::from(holding) / n as f64;
+        let s = prefix_score[i] + (t / SCORE_BLOCK_TOKENS) * d;
+        prefix_score.push(s);
+        prefix_tokens.push(prefix_tokens[i] + u64::from(token_counts.get(i).copied().unwrap_or(0)));
+        holding -= ending[i + 1];
+    }
+    let mut rows: Vec<Row> = runs
+        .iter()
+        .enumerate()
+        .filter(|&(_, &m)| m > 0)
+        .map(|(member, &m)| Row {
+            member,
+            score: prefix_score[m as usize],
+            matched_tokens: clamp_u32(prefix_tokens[m as usize]),
+            matched_blocks: m,
+        })
+        .collect();
+    finish(&mut rows, floors, id_of)
+}
+
+/// Ranks the legacy exact-prefix path: every holder matched one block of
+/// `tokens` tokens.
+pub(crate) fn rank_prefix<'a>(
+    holders: &[u16],
+    serving: usize,
+    tokens: u32,
+    floors: Floors,
+    id_of: impl Fn(usize) -> &'a str,
+) -> Ranking {
+    if holders.is_empty() || serving == 0 {
+        return Ranking::NoMatch;
+    }
+    let d = 1.0 - holders.len() as f64 / serving as f64;
+    let score = (f64::from(tokens) / SCORE_BLOCK_TOKENS) * d;
+    let mut rows: Vec<Row> = holders
+        .iter()
+        .map(|&m| Row {
+            member: usize::from(m),
+            score,
+            matched_tokens: tokens,
+            matched_blocks: 1,
+        })
+        .collect();
+    finish(&mut rows, floors, id_of)
+}
+
+/// Both floors, then the order: score desc, matched tokens desc, replica id asc.
+fn finish<'a>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> &'a str) -> Ranking {
+    rows.retain(|r| r.matched_tokens >= floors.minimum_matched_tokens);
+    if rows.is_empty() {
+        return Ranking::BelowFloor;
+    }
+    rows.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
+            .then_with(|| id_of(a.member).cmp(id_of(b.member)))
+    });
+    if rows[0].score < floors.routing_floor_score {
+        return Ranking::BelowFloor;
+    }
+    Ranking::Prefix(std::mem::take(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDS: [&str; 4] = ["a", "b", "c", "d"];
+    const OPEN: Floors = Floors {
+        minimum_matched_tokens: 0,
+        routing_floor_score: 0.0,
+    };
+
+    fn rows(r: Ranking) -> Vec<Row> {
+        match r {
+            Ranking::Prefix(rows) => rows,
+            other => panic!("expected Prefix, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn score_is_distinguishing_power_weighted() {
+        // 4 serving; a holds 3 blocks, b holds 1, c and d none.
+        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], OPEN, |m| IDS[m]));
+        // Block 0: h=2 → d=0.5; blocks 1,2: h=1 → d=0.75.
+        assert_eq!(r[0].member, 0);
+        assert!((r[0].score - (0.5 + 0.75 + 0.75)).abs() < 1e-12);
+        assert_eq!(r[0].matched_tokens, 48);
+        assert_eq!(r[0].matched_blocks, 3);
+        assert_eq!(r[1].member, 1);
+        assert!((r[1].score - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn overlap_held_by_all_scores_zero() {
+        let r = rows(rank_chain(&[2, 2, 2, 2], &[16, 16], OPEN, |m| IDS[m]));
+        assert!(r.iter().all(|row| row.score == 0.0));
+        // Ties sort by id.
+        let order: Vec<_> = r.iter().map(|row| IDS[row.member]).collect();
+        assert_eq!(order, ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn partial_blocks_count_their_tokens() {
+        let r = rows(rank_chain(&[2, 0, 0, 0], &[16, 8], OPEN, |m| IDS[m]));
+        assert_eq!(r[0].matched_tokens, 24);
+        assert!((r[0].score - (0.75 + 0.5 * 0.75)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn no_match_is_distinct_from_below_floor() {
+        assert_eq!(
+            rank_chain(&[0, 0], &[16], OPEN, |m| IDS[m]),
+            Ranking::NoMatch
+        );
+        let floors = Floors {
+            minimum_matched_tokens: 64,
+            routing_floor_score: 0.0,
+        };
+        assert_eq!(
+            rank_chain(&[1, 0], &[16], floors, |m| IDS[m]),
+            Ranking::BelowFloor
+        );
+    }
+
+    #[test]
+    fn score_floor_gates_only_the_best_survivor() {
+        let floors = Floors {
+            minimum_matched_tokens: 0,
+            routing_floor_score: 0.6,
+        };
+        // a scores 2.0, b scores 0.5 (< floor) but stays listed.
+        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], floors, |m| IDS[m]));
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn legacy_prefix_is_one_block() {
+        let r = rows(rank_prefix(&[2], 4, 32, OPEN, |m| IDS[m]));
+        assert_eq!(r[0].member, 2);
+        assert_eq!(r[0].matched_blocks, 1);
+        assert_eq!(r[0].matched_tokens, 32);
+        assert!((r[0].score - 2.0 * 0.75).abs() < 1e-12);
+    }
+}

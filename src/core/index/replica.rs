@@ -1,0 +1,234 @@
+//! The replicas of one scope: who they are, where they are routed to, and whether
+//! they are in servingByScope right now.
+//!
+//! The table is immutable and swapped whole (copy on write) when a replica joins,
+//! leaves or changes endpoint, which is rare. A lookup loads it once, lock-free,
+//! and its rows borrow ids and endpoints from it without copying strings. Values
+//! that change on every event (lastEventAt, prefixCount, registration time, stats)
+//! live in [`ReplicaLive`] atomics shared by every version of the table.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::event::ReplicaStats;
+use crate::core::time::Timestamp;
+
+/// Slot value meaning "not a member" in [`ServingSet::member_of`].
+const NOT_SERVING: u16 = u16::MAX;
+
+/// Stable, process-independent hash of a replica id for rendezvous hashing: two
+/// sidecars (or one after a restart) must pin a prompt to the same replica.
+pub fn replica_id_hash(id: &str) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(0x5eed_a551_7e11_0001).build_hasher();
+    id.hash(&mut h);
+    h.finish()
+}
+
+/// Per-replica values written on the event path.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaLive {
+    /// Last registration (event or stats with an endpoint), ns; 0 = never.
+    pub registered_at: AtomicU64,
+    /// Last event of any kind, ns; 0 = never.
+    pub last_event_at: AtomicU64,
+    /// Entries of the scope this replica holds.
+    pub prefix_count: AtomicU64,
+    pub stats: Mutex<Option<(ReplicaStats, Timestamp)>>,
+}
+
+impl ReplicaLive {
+    pub fn add_prefixes(&self, n: u64) {
+        if n > 0 {
+            self.prefix_count.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn sub_prefixes(&self, n: u64) {
+        if n > 0 {
+            let _ = self
+                .prefix_count
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                    Some(c.saturating_sub(n))
+                });
+        }
+    }
+
+    pub fn prefix_count(&self) -> u64 {
+        self.prefix_count.load(Ordering::Relaxed)
+    }
+
+    pub fn last_event_at(&self) -> u64 {
+        self.last_event_at.load(Ordering::Relaxed)
+    }
+
+    /// Reported waiting + running requests, for the ORIGINAL_DST fallback.
+    pub fn load(&self) -> u64 {
+        self.stats
+            .lock()
+            .map(|(s, _)| u64::from(s.waiting_requests) + u64::from(s.running_requests))
+            .unwrap_or(0)
+    }
+}
+
+/// One replica of a scope.
+#[derive(Clone, Debug)]
+pub(crate) struct ReplicaSlot {
+    pub id: Arc<str>,
+    pub id_hash: u64,
+    /// Address from configuration (static endpoint or discovered pod).
+    pub declared: Option<Arc<str>>,
+    /// Address from its own IngestEvents/ReportStats.
+    pub registered: Option<Arc<str>>,
+    pub live: Arc<ReplicaLive>,
+}
+
+impl ReplicaSlot {
+    pub fn new(id: &str) -> Self {
+        Self {
+            id: Arc::from(id),
+            id_hash: replica_id_hash(id),
+            declared: None,
+            registered: None,
+            live: Arc::new(ReplicaLive::default()),
+        }
+    }
+
+    /// In servingByScope: declared, or registered and not stale.
+    pub fn is_serving(&self, now: u64, ttl: u64) -> bool {
+        self.declared.is_some()
+            || (self.registered.is_some()
+                && now.saturating_sub(self.live.registered_at.load(Ordering::Relaxed)) <= ttl)
+    }
+
+    /// Where requests for this replica go; declarations win over registrations.
+    pub fn endpoint(&self) -> Option<&Arc<str>> {
+        self.declared.as_ref().or(self.registered.as_ref())
+    }
+}
+
+/// All replicas of a scope, by slot. Slots are what index entries store.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaTable {
+    slots: Vec<Option<ReplicaSlot>>,
+    by_id: HashMap<Arc<str>, u32>,
+    /// Freed slots and when they were freed (ns). A slot is reused only after a
+    /// delay, so a lookup that loaded an older table can never attribute a new
+    /// replica's entries to the old one.
+    free: Vec<(u32, u64)>,
+}
+
+impl ReplicaTable {
+    /// How long a freed slot stays unused.
+    const REUSE_DELAY_NS: u64 = 60 * 1_000_000_000;
+
+    pub(crate) fn slot_of(&self, id: &str) -> Option<u32> {
+        self.by_id.get(id).copied()
+    }
+
+    pub(crate) fn get(&self, slot: u32) -> Option<&ReplicaSlot> {
+        self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut ReplicaSlot> {
+        self.slots.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &ReplicaSlot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn insert(&mut self, replica: ReplicaSlot, now: u64) -> u32 {
+        let reusable = self
+            .free
+            .iter()
+            .position(|&(_, at)| now.saturating_sub(at) >= Self::REUSE_DELAY_NS);
+        let slot = match reusable {
+            Some(pos) => {
+                let (slot, _) = self.free.swap_remove(pos);
+                self.slots[slot as usize] = Some(replica.clone());
+                slot
+            }
+            None => {
+                self.slots.push(Some(replica.clone()));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(replica.id, slot);
+        slot
+    }
+
+    pub(crate) fn remove(&mut self, slot: u32, now: u64) -> Option<ReplicaSlot> {
+        let removed = self.slots.get_mut(slot as usize).and_then(Option::take)?;
+        self.by_id.remove(&removed.id);
+        self.free.push((slot, now));
+        Some(removed)
+    }
+}
+
+/// servingByScope of one scope at one instant, narrowed by the request's
+/// candidate subset. Members are indexed 0..len in slot order.
+pub(crate) struct ServingSet {
+    pub table: Arc<ReplicaTable>,
+    pub members: SmallVec<[u32; 32]>,
+    member_of: SmallVec<[u16; 64]>,
+}
+
+impl ServingSet {
+    pub fn new(table: Arc<ReplicaTable>, now: u64, ttl: u64, candidates: &[String]) -> Self {
+        let mut members = SmallVec::new();
+        let mut member_of: SmallVec<[u16; 64]> = SmallVec::from_elem(NOT_SERVING, table.capacity());
+        let mut allowed: SmallVec<[u32; 16]> = SmallVec::new();
+        if !candidates.is_empty() {
+            allowed.extend(candidates.iter().filter_map(|c| table.slot_of(c)));
+        }
+        for (slot, replica) in table.iter() {
+            let wanted = candidates.is_empty() || allowed.contains(&slot);
+            if wanted && replica.is_serving(now, ttl) && members.len() < usize::from(NOT_SERVING) {
+                member_of[slot as usize] = members.len() as u16;
+                members.push(slot);
+            }
+        }
+        Self {
+            table,
+            members,
+            member_of,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The member index of a slot, if that replica is serving (and a candidate).
+    #[inline]
+    pub fn member_of(&self, slot: u32) -> Option<usize> {
+        match self.member_of.get(slot as usize) {
+            Some(&m) if m != NOT_SERVING => Some(usize::from(m)),
+            _ => None,
+        }
+    }
+
+    pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {
+        self.members.get(member).and_then(|&s| self.table.get(s))
+    }
+}

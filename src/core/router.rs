@@ -1,0 +1,162 @@
+//! The core's front door: the index plus the current policy snapshot.
+//!
+//! Adapters hold an `Arc<Router>`. Policy sources call [`Router::install`] with a
+//! complete new snapshot; every request reads exactly one snapshot (`ArcSwap`
+//! load, no lock), so a reload never tears a decision.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use super::decision::{self, outcome::Decision, request::LookupRequest};
+use super::index::{
+    Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
+    TenantLimits,
+};
+use super::policy::EvictionAlgorithm;
+use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
+use super::snapshot::PolicySnapshot;
+use super::time::Timestamp;
+
+/// The index and the policy it is read under.
+pub struct Router {
+    index: Index,
+    snapshot: ArcSwap<PolicySnapshot>,
+    /// Serialises installs (declaration sync) and self-tests.
+    control: Mutex<()>,
+}
+
+impl Router {
+    pub fn new(config: IndexConfig, snapshot: PolicySnapshot, now: Timestamp) -> Self {
+        let router = Self {
+            index: Index::new(config),
+            snapshot: ArcSwap::from_pointee(PolicySnapshot::empty()),
+            control: Mutex::new(()),
+        };
+        router.install(snapshot, now);
+        router
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The snapshot in force.
+    pub fn snapshot(&self) -> Arc<PolicySnapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Swaps in a new snapshot and makes its declared replicas (CacheBackend
+    /// endpoints) the index's: replicas no longer declared lose their entries.
+    pub fn install(&self, snapshot: PolicySnapshot, now: Timestamp) {
+        let _control = self.control.lock();
+        let mut declared: BTreeMap<ScopeKey, Vec<(String, String)>> = BTreeMap::new();
+        for backend in snapshot.backends() {
+            let replicas = declared.entry(backend.scope.clone()).or_default();
+            for r in &backend.replicas {
+                if !replicas.iter().any(|(id, _)| *id == r.id) {
+                    replicas.push((r.id.clone(), r.address.clone()));
+                }
+            }
+        }
+        self.snapshot.store(Arc::new(snapshot));
+        for scope in self.index.declared_scopes() {
+            if !declared.contains_key(&scope) {
+                self.index.declare(scope.as_ref(), &[], now);
+            }
+        }
+        for (scope, replicas) in &declared {
+            self.index.declare(scope.as_ref(), replicas, now);
+        }
+    }
+
+    /// One LookupRoute decision.
+    pub fn lookup(&self, req: &LookupRequest<'_>, now: Timestamp) -> Decision {
+        decision::decide(&self.index, &self.snapshot.load(), req, now)
+    }
+
+    fn limits(snapshot: &PolicySnapshot, tenant: &str) -> TenantLimits {
+        let view = snapshot.tenant(tenant);
+        TenantLimits {
+            ttl_nanos: view.policy.ttl_nanos(),
+            eviction: view.policy.eviction,
+            max_entries: view.max_index_entries,
+        }
+    }
+
+    /// IngestEvents. The probe tenant is reserved for [`Router::self_test`].
+    pub fn ingest(
+        &self,
+        batch: &IngestBatch<'_>,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, IngestError> {
+        if batch.scope.tenant == PROBE_TENANT {
+            return Err(IngestError::ReservedTenant(PROBE_TENANT.to_string()));
+        }
+        let snapshot = self.snapshot.load();
+        let outcome =
+            self.index
+                .ingest(batch, &Self::limits(&snapshot, batch.scope.tenant), now)?;
+        if self.index.over_cap() {
+            self.index
+                .sweep_cap(&|t| snapshot.tenant(t).policy.eviction);
+        }
+        Ok(outcome)
+    }
+
+    /// ReportStats.
+    pub fn report_stats(
+        &self,
+        report: &StatsReport<'_>,
+        now: Timestamp,
+    ) -> Result<(), IngestError> {
+        if report.scope.tenant == PROBE_TENANT {
+            return Err(IngestError::ReservedTenant(PROBE_TENANT.to_string()));
+        }
+        self.index.report_stats(report, now)
+    }
+
+    /// A serving replica for ORIGINAL_DST without a hint: least loaded, then
+    /// round-robin. `None` when the scope has no serving replica.
+    pub fn fallback_endpoint(
+        &self,
+        scope: ScopeRef<'_>,
+        candidates: &[String],
+        now: Timestamp,
+    ) -> Option<Arc<str>> {
+        let s = self.index.scope(scope)?;
+        let ttl = self.snapshot.load().tenant(scope.tenant).policy.ttl_nanos();
+        let serving = s.serving(now.as_nanos(), ttl, candidates);
+        s.least_loaded(&serving)
+    }
+
+    /// Periodic upkeep: TTL sweep, quota trims, idle replicas, cap sweep.
+    pub fn maintain(&self, now: Timestamp) {
+        let snapshot = self.snapshot.load();
+        self.index.sweep(&|t| Self::limits(&snapshot, t), now);
+        if self.index.over_cap() {
+            self.index
+                .sweep_cap(&|t| snapshot.tenant(t).policy.eviction);
+        }
+    }
+
+    /// `/snapshot`'s view of the index.
+    pub fn view(&self, now: Timestamp) -> IndexView {
+        let snapshot = self.snapshot.load();
+        self.index
+            .view(now, &|t| snapshot.tenant(t).policy.ttl_nanos())
+    }
+
+    /// Each tenant's eviction algorithm, for callers that sweep by hand.
+    pub fn eviction_of(&self, tenant: &str) -> EvictionAlgorithm {
+        self.snapshot.load().tenant(tenant).policy.eviction
+    }
+
+    /// The `/readyz` functional self-test (see `selftest.rs`).
+    pub fn self_test(&self, now: Timestamp) -> Result<(), String> {
+        let _control = self.control.lock();
+        super::selftest::run(&self.index, &self.snapshot.load(), now)
+    }
+}
