@@ -8,6 +8,8 @@
 //! ```
 
 pub mod ext_proc;
+pub mod grpc;
+pub mod metrics;
 
 /// The longest chain (in blocks) a request may carry, on any transport: 65,536
 /// blocks of 16 tokens is a million-token prompt. Longer chains are refused before
