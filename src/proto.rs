@@ -9,6 +9,8 @@ pub mod v1 {
     tonic::include_proto!("inferencecache.v1");
 
     /// The encoded file descriptor set served by gRPC reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/inferencecache_v1_descriptor.bin"));
+    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
+        env!("OUT_DIR"),
+        "/inferencecache_v1_descriptor.bin"
+    ));
 }

@@ -17,9 +17,7 @@ use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
 use crate::core::decision::outcome::{Decision, ReasonCode, Strategy};
 use crate::core::decision::request::LookupRequest;
-use crate::core::index::{
-    IndexEvent, IngestBatch, IngestError, ReplicaStats, StatsReport,
-};
+use crate::core::index::{IndexEvent, IngestBatch, IngestError, ReplicaStats, StatsReport};
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
 use crate::proto::v1 as pb;
@@ -101,7 +99,8 @@ impl CacheService for CacheApi {
                 .report_stats(&report, Timestamp::now())
                 .map_err(ingest_status)
         });
-        self.metrics.record_ingest_call("ReportStats", result.is_ok());
+        self.metrics
+            .record_ingest_call("ReportStats", result.is_ok());
         result.map(|()| Response::new(pb::ReportStatsResponse {}))
     }
 }
@@ -216,7 +215,10 @@ pub fn index_events(events: Vec<pb::KvEvent>) -> (Vec<IndexEvent>, u32) {
 /// Checks the ratios a replica reports; the message names the field.
 pub fn replica_stats(stats: Option<&pb::ReplicaStats>) -> Result<ReplicaStats, Status> {
     let s = stats.ok_or_else(|| Status::invalid_argument("stats is required"))?;
-    for (field, v) in [("hit_rate", s.hit_rate), ("kv_cache_usage", s.kv_cache_usage)] {
+    for (field, v) in [
+        ("hit_rate", s.hit_rate),
+        ("kv_cache_usage", s.kv_cache_usage),
+    ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(Status::invalid_argument(format!(
                 "stats.{field} must be between 0 and 1, got {v}"

@@ -43,7 +43,11 @@ pub enum MalformedHeader {
     /// A chain item is not a lowercase hex u64 without `0x`.
     BadHash { index: usize, item: String },
     /// A token count item is not a decimal u32.
-    BadCount { header: &'static str, index: usize, item: String },
+    BadCount {
+        header: &'static str,
+        index: usize,
+        item: String,
+    },
     /// The chain is longer than [`MAX_CHAIN_BLOCKS`].
     TooLong { blocks: usize },
     /// The two chain headers disagree in length.
@@ -241,7 +245,8 @@ fn parse_list<T>(
 /// 1 to 16 lowercase hex digits, no prefix, no sign.
 fn parse_hex_u64(s: &str) -> Option<u64> {
     let ok = (1..=16).contains(&s.len())
-        && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     if ok {
         u64::from_str_radix(s, 16).ok()
     } else {

@@ -63,13 +63,18 @@ fn stats_ratios_are_checked() {
         waiting_requests: 3,
         ..Default::default()
     };
-    assert_eq!(replica_stats(Some(&ok)).map(|s| s.waiting_requests).ok(), Some(3));
+    assert_eq!(
+        replica_stats(Some(&ok)).map(|s| s.waiting_requests).ok(),
+        Some(3)
+    );
     for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
         let s = pb::ReplicaStats {
             hit_rate: bad,
             ..Default::default()
         };
-        let err = replica_stats(Some(&s)).err().map(|e| e.message().to_string());
+        let err = replica_stats(Some(&s))
+            .err()
+            .map(|e| e.message().to_string());
         assert!(err.is_some_and(|m| m.contains("hit_rate")), "{bad}");
     }
 }
@@ -81,7 +86,10 @@ fn oversized_lookups_are_refused_with_a_message() {
         ..Default::default()
     };
     let err = check_lookup_limits(&req).err();
-    assert_eq!(err.as_ref().map(Status::code), Some(tonic::Code::InvalidArgument));
+    assert_eq!(
+        err.as_ref().map(Status::code),
+        Some(tonic::Code::InvalidArgument)
+    );
     let req = pb::LookupRouteRequest {
         candidate_replicas: vec![String::new(); MAX_CANDIDATES + 1],
         ..Default::default()

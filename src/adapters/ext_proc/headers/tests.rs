@@ -65,7 +65,10 @@ fn rejects_non_canonical_hashes() {
         h.push((BLOCK_TOKEN_COUNTS, "16,16"));
         let got = parse(&h);
         assert!(
-            matches!(got.malformed, Some(MalformedHeader::BadHash { index: 1, .. })),
+            matches!(
+                got.malformed,
+                Some(MalformedHeader::BadHash { index: 1, .. })
+            ),
             "{bad:?}: {:?}",
             got.malformed
         );
@@ -84,7 +87,10 @@ fn rejects_bad_counts() {
         h.push((BLOCK_TOKEN_COUNTS, counts.as_str()));
         let got = parse(&h);
         assert!(
-            matches!(got.malformed, Some(MalformedHeader::BadCount { index: 1, .. })),
+            matches!(
+                got.malformed,
+                Some(MalformedHeader::BadCount { index: 1, .. })
+            ),
             "{bad:?}"
         );
     }
@@ -96,7 +102,10 @@ fn rejects_bad_counts() {
             ..
         })
     ));
-    assert_eq!(got.fields.prefix_hash, "", "legacy key dropped with its count");
+    assert_eq!(
+        got.fields.prefix_hash, "",
+        "legacy key dropped with its count"
+    );
 }
 
 #[test]
