@@ -5,4 +5,6 @@
 
 pub mod adapters;
 pub mod core;
+pub mod crd;
 pub mod proto;
+pub mod serve;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -56,8 +57,7 @@ pub struct ServeArgs {
     /// override_host cluster round-robins. original-dst: always exactly one ip:port
     /// (a serving replica of the scope), or a 503 when the scope has none.
     #[arg(long, value_name = "MODE", default_value_t = DestinationMode::OverrideHost,
-          value_parser = ["override-host", "original-dst"].map(clap::builder::PossibleValue::new)
-              .into_iter().collect::<clap::builder::PossibleValuesParser>()
+          value_parser = PossibleValuesParser::new(["override-host", "original-dst"])
               .try_map(|s| s.parse::<DestinationMode>()))]
     pub destination_mode: DestinationMode,
     /// Cap on index entries across all tenants; the cap sweep evicts down to it.
@@ -84,8 +84,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--config PATH is required (a policy file or directory)");
     };
     let header = args.destination_header.to_ascii_lowercase();
-    if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        bail!("--destination-header {:?} is not a header name", args.destination_header);
+    if header.is_empty()
+        || !header
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        bail!(
+            "--destination-header {:?} is not a header name",
+            args.destination_header
+        );
     }
 
     // The first load must succeed: there is no last good policy to fall back to.
@@ -131,7 +138,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .into_server();
     let cache_api = CacheApi::new(router.clone(), metrics.clone()).into_server();
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<crate::proto::v1::cache_service_server::CacheServiceServer<CacheApi>>().await;
+    health
+        .set_serving::<crate::proto::v1::cache_service_server::CacheServiceServer<CacheApi>>()
+        .await;
     health
         .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
         .await;

@@ -74,11 +74,18 @@ async fn readyz(State(s): State<AdminState>) -> Response {
 async fn metrics(State(s): State<AdminState>) -> Response {
     match s.metrics.encode() {
         Ok(text) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             text,
         )
             .into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n").into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics encoding failed\n",
+        )
+            .into_response(),
     }
 }
 

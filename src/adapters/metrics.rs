@@ -1,9 +1,9 @@
 //! The Prometheus registry: what the sidecar counts, in one place.
 //!
-//! Request-path metrics (decisions, latency, ingest calls, policy reloads) are
-//! updated as things happen. The index's own state (entries per tenant, evictions
-//! and refusals by cause, stored/removed blocks) is read from the core at scrape
-//! time by [`IndexCollector`], so the hot path never touches a metric for it.
+//! Request-path metrics (decisions, latency, ingest calls) are updated as things
+//! happen. The index's own state (entries per tenant, evictions and refusals by
+//! cause, stored/removed blocks) and the policy source's reload counts are read at
+//! scrape time by [`IndexCollector`], so the hot path never touches a metric for them.
 //!
 //! Every label is bounded: reason codes and causes are fixed `&'static str`s, and
 //! the tenant label only takes tenant ids that the policy snapshot declares (all
@@ -21,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
 use crate::core::decision::outcome::ReasonCode;
 use crate::core::time::Timestamp;
@@ -81,13 +82,11 @@ pub struct Metrics {
     decision_latency: Family<PathLabels, Histogram>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
-    policy_reloads: Counter,
-    policy_errors: Counter,
 }
 
 impl Metrics {
-    /// Builds the registry; `router` is read at scrape time for the index metrics.
-    pub fn new(router: Arc<Router>) -> Self {
+    /// Builds the registry; `router` and `policy` are read at scrape time.
+    pub fn new(router: Arc<Router>, policy: Arc<SourceStatus>) -> Self {
         let mut registry = Registry::with_prefix("inferencecache");
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -114,19 +113,7 @@ impl Metrics {
             "KV events received over gRPC, applied or rejected as malformed",
             ingest_events.clone(),
         );
-        let policy_reloads = Counter::default();
-        registry.register(
-            "policy_reloads",
-            "Policy snapshots installed (initial load included)",
-            policy_reloads.clone(),
-        );
-        let policy_errors = Counter::default();
-        registry.register(
-            "policy_errors",
-            "Policy loads that failed and kept the last good snapshot",
-            policy_errors.clone(),
-        );
-        registry.register_collector(Box::new(IndexCollector { router }));
+        registry.register_collector(Box::new(IndexCollector { router, policy }));
         for reason in ReasonCode::ALL {
             for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
                 // Pre-create every series so rates start from a known zero.
@@ -142,8 +129,6 @@ impl Metrics {
             decision_latency,
             ingest_calls,
             ingest_events,
-            policy_reloads,
-            policy_errors,
         }
     }
 
@@ -179,14 +164,6 @@ impl Metrics {
         }
     }
 
-    pub fn record_policy_reload(&self) {
-        self.policy_reloads.inc();
-    }
-
-    pub fn record_policy_error(&self) {
-        self.policy_errors.inc();
-    }
-
     /// The Prometheus text exposition (format 0.0.4).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -200,9 +177,10 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-6, 2.0, 20))
 }
 
-/// Reads the index at scrape time.
+/// Reads the index and the policy source at scrape time.
 struct IndexCollector {
     router: Arc<Router>,
+    policy: Arc<SourceStatus>,
 }
 
 impl std::fmt::Debug for IndexCollector {
@@ -241,6 +219,21 @@ impl Collector for IndexCollector {
                 &[("malformed", c.rejected_events)],
             ),
         ];
+        for (name, help, value) in [
+            (
+                "policy_reloads",
+                "Policy loads that installed a snapshot (the first load included)",
+                self.policy.reload_ok_count(),
+            ),
+            (
+                "policy_errors",
+                "Policy loads that failed and kept the last good snapshot",
+                self.policy.reload_error_count(),
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
         for (name, help, series) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (cause, value) in series {

@@ -54,10 +54,11 @@ fn mk_service(config: ExtProcConfig) -> ExtProc {
         events: &events,
     };
     router.ingest(&batch, now).unwrap();
-    let metrics = Arc::new(Metrics::new(router.clone()));
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
     ExtProc::new(router, metrics, config)
 }
 
+use crate::adapters::policy_file::SourceStatus;
 use crate::core::scope::ScopeRef;
 
 fn mk_request(pairs: &[(&str, &str)]) -> ProcessingRequest {

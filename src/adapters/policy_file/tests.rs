@@ -1,0 +1,333 @@
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::*;
+use crate::core::policy::EvictionAlgorithm;
+use crate::core::scope::PROBE_TENANT;
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ic-policy-file-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const TENANT: &str = "apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {name: t, namespace: team-a}
+spec: {tenantID: acme}
+";
+
+fn policy(spec: &str) -> String {
+    format!(
+        "apiVersion: inferencecache.io/v1alpha1\nkind: CachePolicy\nmetadata: {{name: default, namespace: team-a}}\nspec: {spec}\n"
+    )
+}
+
+const BACKEND: &str = "apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {name: llama, namespace: team-a}
+spec:
+  engine: vLLM
+  modelID: m
+  hashScheme: s
+  endpoints: [{id: r1, address: '127.0.0.1:9001'}]
+";
+
+/// Loads a directory holding `files` and returns the error text.
+fn load_err(files: &[(&str, &str)]) -> String {
+    let dir = TempDir::new();
+    for (name, text) in files {
+        dir.write(name, text);
+    }
+    match load(dir.path()) {
+        Ok(l) => panic!("expected an error, loaded {:?}", l.snapshot.revision()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn good_directory_loads_every_file_in_name_order() {
+    let dir = TempDir::new();
+    dir.write("10-tenant.yaml", TENANT);
+    dir.write("20-policy.yml", &policy("{eviction: LFU}"));
+    dir.write("30-backend.yaml", BACKEND);
+    dir.write("README.md", "not yaml: [");
+    let loaded = load(dir.path()).unwrap();
+    let snap = &loaded.snapshot;
+    assert_eq!(snap.tenant("acme").policy.eviction, EvictionAlgorithm::Lfu);
+    assert_eq!(snap.backends().len(), 1);
+    assert_eq!(snap.backends()[0].replicas[0].address, "127.0.0.1:9001");
+}
+
+#[test]
+fn namespace_defaults_to_default() {
+    let dir = TempDir::new();
+    let file = dir.write(
+        "a.yaml",
+        "apiVersion: inferencecache.io/v1alpha1\nkind: CacheTenant\nmetadata: {name: t}\nspec: {tenantID: x}\n",
+    );
+    let loaded = load(&file).unwrap();
+    assert_eq!(loaded.snapshot.namespace_of("x"), Some("default"));
+}
+
+#[test]
+fn bad_yaml_names_the_file() {
+    let e = load_err(&[("bad.yaml", "kind: [unclosed")]);
+    assert!(e.contains("bad.yaml: invalid YAML"), "{e}");
+}
+
+#[test]
+fn unknown_kind_is_an_error() {
+    let e = load_err(&[(
+        "a.yaml",
+        &format!(
+            "{TENANT}---\napiVersion: inferencecache.io/v1alpha1\nkind: CacheThing\nmetadata: {{name: x}}\n"
+        ),
+    )]);
+    assert!(
+        e.contains("a.yaml: document 2: unknown kind \"CacheThing\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_fields_are_reported_with_their_path() {
+    let e = load_err(&[(
+        "a.yaml",
+        &policy("{evictionTtl: 5m, strategy: {requireChains: true}}"),
+    )]);
+    assert!(
+        e.contains("document 1: CachePolicy team-a/default: spec.evictionTtl: unknown field"),
+        "{e}"
+    );
+    assert!(
+        e.contains("spec.strategy.requireChains: unknown field"),
+        "{e}"
+    );
+    let e = load_err(&[(
+        "a.yaml",
+        &TENANT.replace("metadata: {", "metadata: {labelz: {}, "),
+    )]);
+    assert!(e.contains("metadata.labelz: unknown field"), "{e}");
+}
+
+#[test]
+fn bad_routing_floor_score_is_rejected() {
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{routingFloorScore: \"-1\"}")),
+    ]);
+    assert!(
+        e.contains(r#"p.yaml: document 1: CachePolicy team-a/default: spec.routingFloorScore: "-1" is not a non-negative decimal"#),
+        "{e}"
+    );
+    // An unquoted number is a type error, as the apiserver would say.
+    let e = load_err(&[("p.yaml", &policy("{routingFloorScore: 0.5}"))]);
+    assert!(e.contains("spec.routingFloorScore: invalid type"), "{e}");
+}
+
+#[test]
+fn bad_duration_and_negative_minimum_are_rejected() {
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{evictionTTL: 10 minutes}")),
+    ]);
+    assert!(e.contains("spec.evictionTTL:"), "{e}");
+    let e = load_err(&[("p.yaml", &policy("{minimumMatchedTokens: -1}"))]);
+    assert!(
+        e.contains("spec.minimumMatchedTokens: -1 is below the minimum 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn require_chain_without_chain_matching_is_rejected() {
+    let e = load_err(&[(
+        "p.yaml",
+        &policy("{strategy: {requireChain: true, enableChainMatching: false}}"),
+    )]);
+    assert!(
+        e.contains("CachePolicy team-a/default") && e.contains("requireChain"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_name_is_rejected() {
+    let e = load_err(&[(
+        "a.yaml",
+        "apiVersion: inferencecache.io/v1alpha1\nkind: CacheTenant\nmetadata: {namespace: x}\nspec: {tenantID: y}\n",
+    )]);
+    assert!(
+        e.contains("a.yaml: document 1: CacheTenant: metadata.name: required"),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicate_tenant_id_is_rejected() {
+    let other = TENANT.replace("team-a", "team-b");
+    let e = load_err(&[("a.yaml", TENANT), ("b.yaml", &other)]);
+    assert!(
+        e.contains(r#"b.yaml: document 1: CacheTenant team-b/t: spec.tenantID: tenant id "acme" is already claimed by CacheTenant team-a/t"#),
+        "{e}"
+    );
+}
+
+#[test]
+fn probe_tenant_id_is_rejected() {
+    let e = load_err(&[("a.yaml", &TENANT.replace("acme", PROBE_TENANT))]);
+    assert!(
+        e.contains("CacheTenant team-a/t") && e.contains("reserved"),
+        "{e}"
+    );
+}
+
+#[test]
+fn same_object_twice_is_rejected() {
+    let e = load_err(&[("a.yaml", TENANT), ("b.yaml", TENANT)]);
+    assert!(e.contains("duplicate of"), "{e}");
+}
+
+#[test]
+fn oldest_of_several_policies_wins() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write(
+        "p.yaml",
+        "apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {name: newer, namespace: team-a, creationTimestamp: '2025-02-01T00:00:00Z'}
+spec: {minimumMatchedTokens: 1}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {name: older, namespace: team-a, creationTimestamp: '2025-01-01T00:00:00Z'}
+spec: {minimumMatchedTokens: 2}
+",
+    );
+    let loaded = load(dir.path()).unwrap();
+    assert_eq!(
+        loaded.snapshot.tenant("acme").policy.minimum_matched_tokens,
+        2
+    );
+    assert_eq!(loaded.ignored.len(), 1);
+    assert_eq!(loaded.ignored[0].name, "newer");
+}
+
+#[test]
+fn the_standalone_example_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/standalone/policy.yaml");
+    let loaded = load(&path).unwrap();
+    let snap = &loaded.snapshot;
+    assert_eq!(snap.namespace_of("demo"), Some("demo"));
+    let ns = snap.namespace("demo").unwrap();
+    assert_eq!(ns.policy_name.as_deref(), Some("default"));
+    let b = &snap.backends()[0];
+    assert_eq!(b.scope.to_string(), "demo/demo-model/ic-content-v1");
+    let ids: Vec<_> = b
+        .replicas
+        .iter()
+        .map(|r| (r.id.as_str(), r.address.as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("replica-a", "127.0.0.1:18001"),
+            ("replica-b", "127.0.0.1:18002"),
+            ("replica-c", "127.0.0.1:18003")
+        ]
+    );
+}
+
+/// Waits until `cond` holds, polling briefly.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn watch_reloads_on_change_and_keeps_the_last_good_on_a_bad_edit() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    let file = dir.write("p.yaml", &policy("{minimumMatchedTokens: 10}"));
+    let seen: Arc<parking_lot::Mutex<Vec<u32>>> = Arc::default();
+    let status = Arc::new(SourceStatus::new());
+    let sink = seen.clone();
+    let task = tokio::spawn(watch(
+        dir.path().to_path_buf(),
+        Duration::from_millis(20),
+        move |snap: PolicySnapshot| {
+            sink.lock()
+                .push(snap.tenant("acme").policy.minimum_matched_tokens)
+        },
+        status.clone(),
+    ));
+
+    eventually("first load", || seen.lock().len() == 1).await;
+    assert_eq!(seen.lock()[0], 10);
+    let first_rev = status.last_good_revision().unwrap();
+    assert!(status.loaded_at().is_some());
+
+    std::fs::write(&file, policy("{minimumMatchedTokens: 20}")).unwrap();
+    eventually("reload", || seen.lock().len() == 2).await;
+    assert_eq!(seen.lock()[1], 20);
+    let second_rev = status.last_good_revision().unwrap();
+    assert_ne!(first_rev, second_rev);
+
+    std::fs::write(&file, policy("{routingFloorScore: \"-1\"}")).unwrap();
+    eventually("error recorded", || status.reload_error_count() == 1).await;
+    assert!(
+        status
+            .last_error()
+            .unwrap()
+            .contains("spec.routingFloorScore")
+    );
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(seen.lock().len(), 2, "a bad edit must not reach the router");
+    assert_eq!(
+        status.reload_error_count(),
+        1,
+        "an unchanged bad file counts once"
+    );
+    assert_eq!(status.last_good_revision().unwrap(), second_rev);
+
+    std::fs::write(&file, policy("{minimumMatchedTokens: 30}")).unwrap();
+    eventually("recovery", || seen.lock().len() == 3).await;
+    assert_eq!(seen.lock()[2], 30);
+    assert_eq!(status.last_error(), None);
+    assert_eq!(status.reload_ok_count(), 3);
+    task.abort();
+}

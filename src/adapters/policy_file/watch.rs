@@ -1,0 +1,151 @@
+//! Polling reload of the policy files, and the source's health for `/readyz`,
+//! `/policy` and metrics.
+//!
+//! Polling a content fingerprint (not mtimes, not inotify) works the same on every
+//! filesystem, including ConfigMap volumes whose files are swapped through
+//! symlinks. A failed reload never reaches the router: the last good snapshot
+//! stays installed, and the error is recorded here until a later reload succeeds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::{LoadError, Loaded, fingerprint, parse, read_sources};
+use crate::core::snapshot::PolicySnapshot;
+use crate::core::time::Timestamp;
+
+/// The file source's health. Shared between the watcher and the serving adapters.
+#[derive(Debug, Default)]
+pub struct SourceStatus {
+    reload_ok: AtomicU64,
+    reload_errors: AtomicU64,
+    // One lock for the strings so a reader never sees a revision from one reload
+    // with the time of another; held only for a copy.
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct State {
+    last_error: Option<String>,
+    last_good_revision: Option<Arc<str>>,
+    loaded_at: Option<Timestamp>,
+}
+
+impl SourceStatus {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a successful load of the snapshot with `revision`.
+    pub fn record_success(&self, revision: Arc<str>, at: Timestamp) {
+        self.reload_ok.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.state.lock();
+        s.last_error = None;
+        s.last_good_revision = Some(revision);
+        s.loaded_at = Some(at);
+    }
+
+    /// Records a failed load; the last good snapshot stays in place.
+    pub fn record_error(&self, error: String) {
+        self.reload_errors.fetch_add(1, Ordering::Relaxed);
+        self.state.lock().last_error = Some(error);
+    }
+
+    /// The error of the latest load if it failed; cleared by a successful load.
+    pub fn last_error(&self) -> Option<String> {
+        self.state.lock().last_error.clone()
+    }
+
+    pub fn reload_ok_count(&self) -> u64 {
+        self.reload_ok.load(Ordering::Relaxed)
+    }
+
+    pub fn reload_error_count(&self) -> u64 {
+        self.reload_errors.load(Ordering::Relaxed)
+    }
+
+    /// Revision of the snapshot currently in force from this source.
+    pub fn last_good_revision(&self) -> Option<Arc<str>> {
+        self.state.lock().last_good_revision.clone()
+    }
+
+    /// When the snapshot in force was loaded.
+    pub fn loaded_at(&self) -> Option<Timestamp> {
+        self.state.lock().loaded_at
+    }
+}
+
+/// Loads `path` now, then every `interval` reloads it if its content changed.
+/// A good load is handed to `on_snapshot`; a bad one is recorded in `status` and
+/// otherwise ignored. Runs until the task is dropped.
+pub async fn watch(
+    path: PathBuf,
+    interval: Duration,
+    on_snapshot: impl Fn(PolicySnapshot) + Send + Sync + 'static,
+    status: Arc<SourceStatus>,
+) {
+    let mut last: Option<u64> = None;
+    loop {
+        let p = path.clone();
+        let seen = last;
+        let polled = tokio::task::spawn_blocking(move || poll(&p, seen)).await;
+        match polled {
+            Ok((fp, Some(outcome))) => {
+                last = Some(fp);
+                apply(outcome, &on_snapshot, &status);
+            }
+            Ok((_, None)) => {}
+            Err(e) => status.record_error(format!("policy reload task failed: {e}")),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// Reads the files; parses them only when their fingerprint differs from `seen`.
+/// A read error is fingerprinted by its text, so a lasting error counts once.
+fn poll(path: &std::path::Path, seen: Option<u64>) -> (u64, Option<Result<Loaded, LoadError>>) {
+    match read_sources(path) {
+        Ok(sources) => {
+            let fp = fingerprint(&sources);
+            (fp, (seen != Some(fp)).then(|| parse(&sources)))
+        }
+        Err(e) => {
+            let text = format!("{}: {e}", path.display());
+            let fp = fingerprint(&[super::Source {
+                path: path.to_path_buf(),
+                text: text.clone(),
+            }]);
+            (
+                fp,
+                (seen != Some(fp)).then(|| {
+                    Err(LoadError {
+                        problems: vec![text],
+                    })
+                }),
+            )
+        }
+    }
+}
+
+fn apply(
+    outcome: Result<Loaded, LoadError>,
+    on_snapshot: &impl Fn(PolicySnapshot),
+    status: &SourceStatus,
+) {
+    match outcome {
+        Ok(loaded) => {
+            let revision = loaded.snapshot.revision().clone();
+            tracing::info!(target: "inferencecache::policy_file", %revision, "policy loaded");
+            on_snapshot(loaded.snapshot);
+            status.record_success(revision, Timestamp::now());
+        }
+        Err(e) => {
+            tracing::warn!(target: "inferencecache::policy_file", error = %e,
+                "policy reload failed; keeping the last good snapshot");
+            status.record_error(e.to_string());
+        }
+    }
+}

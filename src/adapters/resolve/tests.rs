@@ -1,0 +1,294 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::crd::cache_backend::CacheBackend;
+
+fn mk<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    ns: &str,
+    name: &str,
+    age: Option<i64>,
+    spec: Value,
+) -> T {
+    let mut meta = json!({"name": name, "namespace": ns});
+    if let Some(secs) = age {
+        let ts = jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap();
+        meta["creationTimestamp"] = serde_json::to_value(Time(ts)).unwrap();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "inferencecache.io/v1alpha1", "kind": kind, "metadata": meta, "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn policy(ns: &str, name: &str, age: Option<i64>, spec: Value) -> CachePolicy {
+    mk("CachePolicy", ns, name, age, spec)
+}
+
+fn tenant(ns: &str, name: &str, age: Option<i64>, id: &str) -> CacheTenant {
+    mk("CacheTenant", ns, name, age, json!({"tenantID": id}))
+}
+
+fn backend(ns: &str, name: &str, spec: Value) -> CacheBackend {
+    mk("CacheBackend", ns, name, None, spec)
+}
+
+fn messages(r: &Resolution) -> Vec<String> {
+    r.rejected.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn tenant_resolves_to_its_namespace_policy() {
+    let r = resolve(
+        &[policy(
+            "team-a",
+            "p",
+            None,
+            json!({"eviction": "LFU", "minimumMatchedTokens": 0,
+            "routingFloorScore": "0", "lookupTimeoutMs": 5, "evictionTTL": "90s",
+            "affinityRouting": "Disabled", "strategy": {"requireChain": true}}),
+        )],
+        &[tenant("team-a", "t", None, "acme")],
+        &[],
+    );
+    assert!(r.rejected.is_empty() && r.ignored.is_empty(), "{r:?}");
+    let view = r.snapshot.tenant("acme");
+    assert_eq!(view.namespace, Some("team-a"));
+    let p = view.policy;
+    assert_eq!(p.eviction, EvictionAlgorithm::Lfu);
+    assert_eq!(p.eviction_ttl, Duration::from_secs(90));
+    assert_eq!(p.minimum_matched_tokens, 0);
+    assert_eq!(p.routing_floor_score.value(), 0.0);
+    assert_eq!(p.lookup_timeout, Duration::from_millis(5));
+    assert!(p.strategy.require_chain);
+    assert_eq!(p.affinity_routing, AffinityRouting::Disabled);
+    let ns = r.snapshot.namespace("team-a").unwrap();
+    assert_eq!(ns.policy_name.as_deref(), Some("p"));
+}
+
+#[test]
+fn tenant_without_policy_gets_server_defaults() {
+    let mut t = tenant("team-b", "t", None, "beta");
+    t.spec.quota = Some(crate::crd::cache_tenant::TenantQuota {
+        max_index_entries: Some(100),
+    });
+    let r = resolve(&[], &[t], &[]);
+    let ns = r.snapshot.namespace("team-b").unwrap();
+    assert_eq!(ns.policy_name, None);
+    assert_eq!(*ns.policy, ResolvedPolicy::default());
+    assert_eq!(r.snapshot.tenant("beta").max_index_entries, Some(100));
+}
+
+#[test]
+fn oldest_policy_wins_and_the_others_are_ignored() {
+    let r = resolve(
+        &[
+            policy(
+                "team-a",
+                "newer",
+                Some(20),
+                json!({"minimumMatchedTokens": 1}),
+            ),
+            policy(
+                "team-a",
+                "older",
+                Some(10),
+                json!({"minimumMatchedTokens": 2}),
+            ),
+            policy(
+                "team-a",
+                "undated",
+                None,
+                json!({"minimumMatchedTokens": 3}),
+            ),
+        ],
+        &[tenant("team-a", "t", None, "acme")],
+        &[],
+    );
+    assert_eq!(r.snapshot.tenant("acme").policy.minimum_matched_tokens, 2);
+    let ignored: Vec<_> = r.ignored.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(ignored, ["newer", "undated"]);
+    assert!(r.ignored[0].reason.contains("team-a/older"));
+    assert_eq!(r.ignored[0].kind, "CachePolicy");
+}
+
+#[test]
+fn without_timestamps_the_name_decides() {
+    let r = resolve(
+        &[],
+        &[
+            tenant("ns", "b", None, "second"),
+            tenant("ns", "a", None, "first"),
+        ],
+        &[],
+    );
+    assert_eq!(r.snapshot.namespace_of("first"), Some("ns"));
+    assert_eq!(r.snapshot.namespace_of("second"), None);
+    assert_eq!(r.ignored.len(), 1);
+}
+
+#[test]
+fn a_tenant_id_claimed_twice_is_rejected_for_the_later_claim() {
+    let r = resolve(
+        &[],
+        &[
+            tenant("late", "t", Some(50), "acme"),
+            tenant("early", "t", Some(1), "acme"),
+        ],
+        &[],
+    );
+    assert_eq!(r.snapshot.namespace_of("acme"), Some("early"));
+    assert_eq!(
+        messages(&r),
+        [
+            r#"CacheTenant late/t: spec.tenantID: tenant id "acme" is already claimed by CacheTenant early/t"#
+        ]
+    );
+    assert_eq!(r.snapshot.namespace("late").unwrap().tenant_id, None);
+}
+
+#[test]
+fn probe_and_empty_tenant_ids_are_rejected() {
+    let r = resolve(
+        &[],
+        &[
+            tenant("a", "t", None, PROBE_TENANT),
+            tenant("b", "t", None, ""),
+        ],
+        &[],
+    );
+    let m = messages(&r);
+    assert!(
+        m[0].starts_with("CacheTenant a/t: spec.tenantID:") && m[0].contains("reserved"),
+        "{m:?}"
+    );
+    assert_eq!(m[1], "CacheTenant b/t: spec.tenantID: must be non-empty");
+    assert_eq!(r.snapshot.namespace_of(PROBE_TENANT), None);
+}
+
+#[test]
+fn invalid_policy_fields_are_named_and_the_namespace_keeps_defaults() {
+    let r = resolve(
+        &[policy(
+            "team-a",
+            "default",
+            None,
+            json!({"routingFloorScore": "-1",
+            "evictionTTL": "ten minutes", "minimumPrefixTokens": -3}),
+        )],
+        &[tenant("team-a", "t", None, "acme")],
+        &[],
+    );
+    let m = messages(&r);
+    assert!(m.contains(&r#"CachePolicy team-a/default: spec.routingFloorScore: "-1" is not a non-negative decimal (e.g. "0.1", "5", "0")"#.to_string()), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|e| e.starts_with("CachePolicy team-a/default: spec.evictionTTL:"))
+    );
+    assert!(
+        m.contains(
+            &"CachePolicy team-a/default: spec.minimumPrefixTokens: -3 is below the minimum 0"
+                .to_string()
+        )
+    );
+    let ns = r.snapshot.namespace("team-a").unwrap();
+    assert_eq!(ns.policy_name, None);
+    assert_eq!(*ns.policy, ResolvedPolicy::default());
+}
+
+#[test]
+fn cross_field_policy_rules_are_enforced() {
+    let bad = |spec: Value| resolve_policy(&policy("n", "p", None, spec).spec).unwrap_err();
+    let e = bad(json!({"strategy": {"requireChain": true, "enableChainMatching": false}}));
+    assert_eq!(e[0].0, "spec.strategy.requireChain");
+    let e = bad(json!({"evictionTTL": "0s"}));
+    assert_eq!(
+        e,
+        [("spec.evictionTTL", "must be greater than zero".to_string())]
+    );
+}
+
+#[test]
+fn backend_gets_its_namespace_scope_and_static_replicas() {
+    let r = resolve(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        &[backend(
+            "team-a",
+            "llama",
+            json!({
+                "engine": "vLLM", "modelID": "m", "hashScheme": "s", "blockSize": 32,
+                "kvEvents": {"port": 5557, "replayPort": 5558, "topic": "kv"},
+                "endpoints": [
+                    {"id": "r1", "address": "10.0.0.1:8000"},
+                    {"id": "r2", "address": "10.0.0.2:8000", "kvEventsEndpoint": "tcp://10.9.9.9:6000"},
+                ],
+            }),
+        )],
+    );
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let b = &r.snapshot.backends()[0];
+    assert_eq!(b.scope.to_string(), "acme/m/s");
+    assert_eq!(
+        (b.engine.as_str(), b.block_size, b.kv_events_topic.as_str()),
+        ("vLLM", 32, "kv")
+    );
+    assert_eq!(
+        b.replicas[0].kv_events_endpoint.as_deref(),
+        Some("tcp://10.0.0.1:5557")
+    );
+    assert_eq!(
+        b.replicas[0].kv_replay_endpoint.as_deref(),
+        Some("tcp://10.0.0.1:5558")
+    );
+    assert_eq!(
+        b.replicas[1].kv_events_endpoint.as_deref(),
+        Some("tcp://10.9.9.9:6000")
+    );
+    assert_eq!(
+        b.replicas[1].kv_replay_endpoint.as_deref(),
+        Some("tcp://10.9.9.9:5558")
+    );
+}
+
+#[test]
+fn backend_without_tenant_or_with_bad_endpoints_is_rejected() {
+    let spec = json!({"engine": "SGLang", "modelID": "m", "hashScheme": "s",
+        "endpoints": [{"id": "r", "address": "nohost"}, {"id": "r", "address": "h:1"}]});
+    let r = resolve(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        &[
+            backend(
+                "orphan",
+                "b",
+                json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s"}),
+            ),
+            backend("team-a", "b", spec),
+        ],
+    );
+    assert!(r.snapshot.backends().is_empty());
+    let m = messages(&r);
+    assert!(m[0].starts_with("CacheBackend orphan/b: metadata.namespace: namespace orphan has no effective CacheTenant"), "{m:?}");
+    assert!(
+        m.contains(
+            &r#"CacheBackend team-a/b: spec.endpoints[0].address: "nohost" is not host:port"#
+                .to_string()
+        ),
+        "{m:?}"
+    );
+    assert!(
+        m.contains(&r#"CacheBackend team-a/b: spec.endpoints[1].id: duplicate id "r""#.to_string()),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn host_of_handles_ipv6_and_rejects_bad_ports() {
+    assert_eq!(host_of("[::1]:8000"), Some("[::1]"));
+    assert_eq!(host_of("a.b:1"), Some("a.b"));
+    assert_eq!(host_of("a.b:0"), None);
+    assert_eq!(host_of("a.b:70000"), None);
+    assert_eq!(host_of(":80"), None);
+}

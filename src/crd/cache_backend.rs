@@ -1,0 +1,206 @@
+//! `CacheBackend` (namespaced, contract §9): one model served by one set of engine
+//! pods. Its namespace's tenant, `modelID` and `hashScheme` form the scope its
+//! replicas serve; replicas are discovered pods (`selector`) or static `endpoints`
+//! (file mode, or engines outside the cluster).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+/// Spec of a CacheBackend.
+// The repeated `printcolumn(type_ = ..)` keys are separate columns, not duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "inferencecache.io",
+    version = "v1alpha1",
+    doc = "One model served by one set of engine pods (or static endpoints).",
+    kind = "CacheBackend",
+    namespaced,
+    status = "CacheBackendStatus",
+    derive = "PartialEq",
+    shortname = "cbackend",
+    category = "inferencecache",
+    cel,
+    printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine"),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.modelID"),
+    printcolumn(name = "Scheme", type_ = "string", json_path = ".spec.hashScheme"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheBackendSpec {
+    pub engine: Engine,
+
+    /// The model id requests carry (`x-inferencecache-model`).
+    #[serde(rename = "modelID")]
+    #[x_kube(validation = Rule::new("self != ''").message("modelID must be non-empty"))]
+    pub model_id: String,
+
+    /// How the engine's block-hash chains are computed; part of the scope key.
+    #[x_kube(validation = Rule::new("self != ''").message("hashScheme must be non-empty"))]
+    pub hash_scheme: String,
+
+    /// Tokens per KV block of the engine.
+    #[serde(default = "default_block_size")]
+    #[schemars(range(min = 1))]
+    pub block_size: i32,
+
+    /// Pods of this backend (Kubernetes discovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+
+    /// Port written into the routing header for discovered pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub target_port: Option<i32>,
+
+    /// Where the engines publish KV events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsSpec>,
+
+    /// Static replicas, serving from the start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["id".into()]))]
+    pub endpoints: Vec<StaticEndpoint>,
+}
+
+fn default_block_size() -> i32 {
+    16
+}
+
+/// `spec.engine`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    #[serde(rename = "vLLM")]
+    Vllm,
+    #[serde(rename = "SGLang")]
+    Sglang,
+}
+
+impl Engine {
+    /// The spelling of the CRD.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vllm => "vLLM",
+            Self::Sglang => "SGLang",
+        }
+    }
+}
+
+/// `spec.kvEvents`: ports on each engine pod (or static endpoint host).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct KvEventsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// The engine's replay (catch-up) socket on the same host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub replay_port: Option<i32>,
+    /// ZMQ topic filter; empty subscribes to everything.
+    #[serde(default)]
+    pub topic: String,
+}
+
+/// One of `spec.endpoints[]`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticEndpoint {
+    /// Replica id, unique within the backend.
+    #[x_kube(validation = Rule::new("self != ''").message("id must be non-empty"))]
+    pub id: String,
+    /// `host:port` written into the routing header.
+    #[x_kube(validation = Rule::new("self != ''").message("address must be non-empty"))]
+    pub address: String,
+    /// The engine's KV event socket, e.g. `tcp://10.0.0.7:5557`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_endpoint: Option<String>,
+}
+
+/// Status of a CacheBackend.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheBackendStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_participation: Option<IndexParticipation>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// `status.indexParticipation`: what the index holds per replica of this backend.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IndexParticipation {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["id".into()]))]
+    pub replicas: Vec<ParticipatingReplica>,
+}
+
+/// One of `status.indexParticipation.replicas[]`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParticipatingReplica {
+    pub id: String,
+    #[serde(default)]
+    pub prefix_count: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_at: Option<Time>,
+    /// Absent: stats not yet reported (distinct from "0").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_rate: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mk(spec: serde_json::Value) -> CacheBackend {
+        serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+            "metadata": {"name": "b", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn minimal_backend_defaults_block_size() {
+        let b = mk(json!({"engine": "SGLang", "modelID": "m", "hashScheme": "s"}));
+        assert_eq!(b.spec.block_size, 16);
+        assert_eq!(b.spec.engine, Engine::Sglang);
+        assert!(b.spec.endpoints.is_empty());
+        assert!(b.validate_cel().is_ok());
+    }
+
+    #[test]
+    fn cel_requires_model_scheme_and_endpoint_keys() {
+        let b = mk(json!({"engine": "vLLM", "modelID": "", "hashScheme": ""}));
+        let text = b.validate_cel().unwrap_err().to_string();
+        assert!(text.contains("modelID must be non-empty"), "{text}");
+        assert!(text.contains("hashScheme must be non-empty"), "{text}");
+        let b = mk(json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s",
+                          "endpoints": [{"id": "", "address": "127.0.0.1:1"}]}));
+        let text = b.validate_cel().unwrap_err().to_string();
+        assert!(text.contains("id must be non-empty"), "{text}");
+    }
+
+    #[test]
+    fn hash_scheme_is_required() {
+        let r: Result<CacheBackend, _> = serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+            "metadata": {"name": "b"}, "spec": {"engine": "vLLM", "modelID": "m"},
+        }));
+        assert!(r.unwrap_err().to_string().contains("hashScheme"));
+    }
+}

@@ -1,0 +1,242 @@
+//! `CachePolicy` (namespaced): how lookups and eviction behave for the namespace's
+//! tenant. Field for field the seed's table; every default the seed names is in the
+//! schema and equal to the serde default, and equal to contract §5.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Condition, default_true};
+
+/// Spec of a CachePolicy.
+// The repeated `printcolumn(type_ = ..)` keys are separate columns, not duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "inferencecache.io",
+    version = "v1alpha1",
+    doc = "How lookups and eviction behave for the tenant of this namespace.",
+    kind = "CachePolicy",
+    namespaced,
+    status = "CachePolicyStatus",
+    derive = "PartialEq",
+    shortname = "cpol",
+    category = "inferencecache",
+    cel,
+    printcolumn(name = "Eviction", type_ = "string", json_path = ".spec.eviction"),
+    printcolumn(name = "TTL", type_ = "string", json_path = ".spec.evictionTTL"),
+    printcolumn(
+        name = "MinMatched",
+        type_ = "integer",
+        json_path = ".spec.minimumMatchedTokens"
+    ),
+    printcolumn(
+        name = "Floor",
+        type_ = "string",
+        json_path = ".spec.routingFloorScore"
+    ),
+    printcolumn(
+        name = "Affinity",
+        type_ = "string",
+        json_path = ".spec.affinityRouting"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CachePolicySpec {
+    /// Which entries the cap sweep evicts first (LRU: oldest lastSeen; LFU: lowest
+    /// access count, ties on the oldest lastSeen).
+    #[serde(default)]
+    pub eviction: Eviction,
+
+    /// Maximum usable lifetime of a cache entry, a Go duration such as `10m`.
+    #[serde(default = "default_eviction_ttl", rename = "evictionTTL")]
+    #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub eviction_ttl: String,
+
+    /// Request-side gate: prompts with fewer tokens never surface a positive hint.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub minimum_prefix_tokens: i32,
+
+    /// Result-side floor on a replica's matched tokens for PREFIX_MATCH; 0 disables it.
+    #[serde(default = "default_minimum_matched_tokens")]
+    #[schemars(range(min = 0))]
+    pub minimum_matched_tokens: i32,
+
+    /// Result-side floor on the best replica's score, a non-negative decimal string;
+    /// "0" disables it.
+    #[serde(default = "default_routing_floor_score")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?$"))]
+    pub routing_floor_score: String,
+
+    /// Lookup latency budget in milliseconds; 0 means no budget.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub lookup_timeout_ms: i32,
+
+    /// Which lookup strategies may surface.
+    #[serde(default)]
+    pub strategy: PolicyStrategy,
+
+    /// The consistent-hash fallback on the StrategyNone branch.
+    #[serde(default)]
+    pub affinity_routing: AffinityRouting,
+}
+
+fn default_eviction_ttl() -> String {
+    "10m".to_string()
+}
+
+fn default_minimum_matched_tokens() -> i32 {
+    64
+}
+
+fn default_routing_floor_score() -> String {
+    "0.1".to_string()
+}
+
+impl Default for CachePolicySpec {
+    /// Equal to what the apiserver materializes for `spec: {}`.
+    fn default() -> Self {
+        Self {
+            eviction: Eviction::default(),
+            eviction_ttl: default_eviction_ttl(),
+            minimum_prefix_tokens: 0,
+            minimum_matched_tokens: default_minimum_matched_tokens(),
+            routing_floor_score: default_routing_floor_score(),
+            lookup_timeout_ms: 0,
+            strategy: PolicyStrategy::default(),
+            affinity_routing: AffinityRouting::default(),
+        }
+    }
+}
+
+/// `spec.eviction`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Eviction {
+    #[default]
+    #[serde(rename = "LRU")]
+    Lru,
+    #[serde(rename = "LFU")]
+    Lfu,
+}
+
+/// `spec.affinityRouting`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AffinityRouting {
+    #[default]
+    Enabled,
+    Disabled,
+}
+
+/// `spec.strategy`. Admission rejects `requireChain: true` with
+/// `enableChainMatching: false`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(
+    cel,
+    validation = Rule::new("!self.requireChain || self.enableChainMatching")
+        .message("strategy.requireChain: true needs strategy.enableChainMatching: true")
+        .field_path(".requireChain")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStrategy {
+    #[serde(default = "default_true")]
+    pub enable_chain_matching: bool,
+    #[serde(default)]
+    pub require_chain: bool,
+    #[serde(default = "default_true")]
+    pub enable_tenant_hot: bool,
+}
+
+impl Default for PolicyStrategy {
+    fn default() -> Self {
+        Self {
+            enable_chain_matching: true,
+            require_chain: false,
+            enable_tenant_hot: true,
+        }
+    }
+}
+
+/// Status of a CachePolicy; reserved for controller observations (e.g. "ignored:
+/// another CachePolicy in this namespace is older").
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachePolicyStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mk(spec: serde_json::Value) -> CachePolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CachePolicy",
+            "metadata": {"name": "p", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn empty_spec_gets_the_schema_defaults() {
+        let p = mk(json!({}));
+        assert_eq!(p.spec, CachePolicySpec::default());
+        assert_eq!(p.spec.eviction_ttl, "10m");
+        assert_eq!(p.spec.minimum_matched_tokens, 64);
+        assert_eq!(p.spec.routing_floor_score, "0.1");
+        assert!(p.spec.strategy.enable_chain_matching);
+        assert!(!p.spec.strategy.require_chain);
+        assert!(p.spec.strategy.enable_tenant_hot);
+        assert_eq!(p.spec.affinity_routing, AffinityRouting::Enabled);
+        assert!(p.validate_cel().is_ok());
+    }
+
+    #[test]
+    fn partial_strategy_keeps_the_other_defaults() {
+        let p = mk(json!({"strategy": {"enableTenantHot": false}}));
+        assert!(p.spec.strategy.enable_chain_matching);
+        assert!(!p.spec.strategy.enable_tenant_hot);
+    }
+
+    #[test]
+    fn cel_rejects_require_chain_without_chain_matching() {
+        let p = mk(json!({"strategy": {"requireChain": true, "enableChainMatching": false}}));
+        let errs = p.validate_cel().unwrap_err();
+        assert!(errs.to_string().contains("requireChain"), "{errs}");
+        let ok = mk(json!({"strategy": {"requireChain": true}}));
+        assert!(ok.validate_cel().is_ok());
+    }
+
+    #[test]
+    fn strategy_fragment_validates_on_its_own() {
+        let bad =
+            json!({"requireChain": true, "enableChainMatching": false, "enableTenantHot": true});
+        assert!(PolicyStrategy::validate_cel(&bad, None).is_err());
+        let good =
+            json!({"requireChain": false, "enableChainMatching": false, "enableTenantHot": true});
+        assert!(PolicyStrategy::validate_cel(&good, None).is_ok());
+    }
+
+    #[test]
+    fn enums_use_the_seed_spelling() {
+        let p = mk(json!({"eviction": "LFU", "affinityRouting": "Disabled"}));
+        assert_eq!(p.spec.eviction, Eviction::Lfu);
+        assert_eq!(p.spec.affinity_routing, AffinityRouting::Disabled);
+        let bad: Result<CachePolicy, _> = serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CachePolicy",
+            "metadata": {"name": "p"}, "spec": {"eviction": "FIFO"},
+        }));
+        assert!(bad.is_err());
+    }
+}

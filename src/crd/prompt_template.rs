@@ -1,0 +1,116 @@
+//! `PromptTemplate` (namespaced): a template body plus the slots that matter for
+//! prefix stability. Stable slots keep the rendered prefix cacheable; mutable slots
+//! do not. `status.templateRevision` lets renderers invalidate on change.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Spec of a PromptTemplate.
+// The repeated `printcolumn(type_ = ..)` keys are separate columns, not duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "inferencecache.io",
+    version = "v1alpha1",
+    doc = "A prompt template body and its cache-relevant slots.",
+    kind = "PromptTemplate",
+    namespaced,
+    status = "PromptTemplateStatus",
+    derive = "PartialEq",
+    shortname = "ptpl",
+    category = "inferencecache",
+    cel,
+    printcolumn(
+        name = "Revision",
+        type_ = "string",
+        json_path = ".status.templateRevision"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptTemplateSpec {
+    /// Template text.
+    #[x_kube(validation = Rule::new("self != ''").message("body must be non-empty"))]
+    pub body: String,
+
+    /// Slot declarations keyed by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub slots: Vec<TemplateSlot>,
+}
+
+/// One of `spec.slots[]`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSlot {
+    /// Slot identifier used by the template body.
+    #[x_kube(validation = Rule::new("self != ''").message("name must be non-empty"))]
+    pub name: String,
+    #[serde(rename = "type")]
+    pub slot_type: SlotType,
+    /// Whether callers must provide the slot.
+    #[serde(default)]
+    pub required: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `spec.slots[].type`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotType {
+    /// Participates in prefix stability.
+    Stable,
+    /// Does not.
+    Mutable,
+}
+
+/// Status of a PromptTemplate.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptTemplateStatus {
+    /// Stable revision identifier for cache invalidation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_revision: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mk(spec: serde_json::Value) -> PromptTemplate {
+        serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "PromptTemplate",
+            "metadata": {"name": "t", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cel_requires_body_and_slot_names() {
+        let ok = mk(json!({"body": "{{system}} {{q}}",
+                           "slots": [{"name": "system", "type": "Stable"}]}));
+        assert!(ok.validate_cel().is_ok());
+        assert!(!ok.spec.slots[0].required);
+        let text = mk(json!({"body": "", "slots": [{"name": "", "type": "Mutable"}]}))
+            .validate_cel()
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("body must be non-empty"), "{text}");
+        assert!(text.contains("name must be non-empty"), "{text}");
+    }
+
+    #[test]
+    fn slot_type_is_required_and_closed() {
+        let r: Result<PromptTemplate, _> = serde_json::from_value(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "PromptTemplate",
+            "metadata": {"name": "t"}, "spec": {"body": "x", "slots": [{"name": "a", "type": "Other"}]},
+        }));
+        assert!(r.is_err());
+    }
+}
