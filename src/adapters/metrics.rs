@@ -177,6 +177,9 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-6, 2.0, 20))
 }
 
+/// A counter family read at scrape time: name, help, and a value per cause.
+type CounterFamily<'a> = (&'a str, &'a str, &'a [(&'static str, u64)]);
+
 /// Reads the index and the policy source at scrape time.
 struct IndexCollector {
     router: Arc<Router>,
@@ -192,7 +195,7 @@ impl std::fmt::Debug for IndexCollector {
 impl Collector for IndexCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let c = self.router.index().counters();
-        let counters: [(&str, &str, &[(&'static str, u64)]); 4] = [
+        let counters: [CounterFamily<'_>; 4] = [
             (
                 "index_evictions",
                 "Index entries evicted, by cause (ttl, cap, quota, cleared)",
@@ -257,17 +260,18 @@ impl Collector for IndexCollector {
             };
             *per_tenant.entry(key).or_default() += t.index_entries;
         }
-        let mut family = encoder.encode_descriptor(
-            "index_entries",
-            "Distinct index entries held per tenant",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (tenant, entries) in per_tenant {
-            let labels = TenantLabels { tenant };
-            family.encode_family(&labels)?.encode_gauge(&entries)?;
+        {
+            let mut family = encoder.encode_descriptor(
+                "index_entries",
+                "Distinct index entries held per tenant",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (tenant, entries) in per_tenant {
+                let labels = TenantLabels { tenant };
+                family.encode_family(&labels)?.encode_gauge(&entries)?;
+            }
         }
-        drop(family);
         let mut total = encoder.encode_descriptor(
             "index_entries_all",
             "All index entries, every tenant",

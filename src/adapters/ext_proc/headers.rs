@@ -125,14 +125,14 @@ impl RoutingHeaders {
             prefix_hash: raw.prefix_hash.unwrap_or_default(),
             ..RoutingFields::default()
         };
-        if malformed.is_none() {
-            if let Err(e) = fields.parse_numbers(
+        if malformed.is_none()
+            && let Err(e) = fields.parse_numbers(
                 raw.block_hashes.as_deref(),
                 raw.block_token_counts.as_deref(),
                 raw.prefix_tokens.as_deref(),
-            ) {
-                malformed = Some(e);
-            }
+            )
+        {
+            malformed = Some(e);
         }
         if malformed.is_some() {
             // Nothing of a half-read chain may reach the decision.
