@@ -1,1 +1,342 @@
-fn main() {}
+//! The fixed index benchmark of `shared/design/bench-workload.md` ("peer workload"),
+//! printing every figure it lists. Run: `cargo bench --bench index`.
+//!
+//! 32 replicas in one scope; 16,000 sequences of 64 blocks (blocks 0..15 one of 50
+//! shared groups, 16..63 unique), each stored once on a random replica; 100,000
+//! full LookupRoute decisions (half exact sequences, half a group prefix + 48
+//! unseen blocks), checked for correctness; then removals of the unique tails of
+//! random sequences until 10% of the stored blocks are gone.
+//!
+//! Environment: IC_BENCH_SHARDS (shards per scope, default the server default),
+//! IC_BENCH_LOOKUPS (default 100000).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use inferencecache::core::Router;
+use inferencecache::core::decision::outcome::ReasonCode;
+use inferencecache::core::decision::request::LookupRequest;
+use inferencecache::core::index::{IndexConfig, IndexEvent, IngestBatch};
+use inferencecache::core::scope::ScopeRef;
+use inferencecache::core::snapshot::PolicySnapshot;
+use inferencecache::core::time::Timestamp;
+
+const REPLICAS: usize = 32;
+const SEQUENCES: usize = 16_000;
+const BLOCKS: usize = 64;
+const SHARED: usize = 16;
+const GROUPS: usize = 50;
+const TENANT: &str = "bench";
+const MODEL: &str = "model";
+const SCHEME: &str = "scheme";
+
+/// splitmix64: a seeded, well-mixed generator without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Chain hash of a block: parent value mixed with the block's content key.
+fn chain(parent: u64, a: u64, b: u64) -> u64 {
+    mix(parent ^ mix(a.wrapping_mul(0x1000_0000_01b3) ^ b.rotate_left(29)))
+}
+
+fn sequence(seq: usize, salt: u64) -> Vec<u64> {
+    let group = (seq % GROUPS) as u64;
+    let mut out = Vec::with_capacity(BLOCKS);
+    let mut parent = 0u64;
+    for i in 0..BLOCKS {
+        let h = if i < SHARED {
+            chain(parent, group + 1, i as u64)
+        } else {
+            chain(parent, (seq as u64 + 1) << 20 | salt, i as u64)
+        };
+        out.push(h);
+        parent = h;
+    }
+    out
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn replica_id(r: usize) -> String {
+    format!("replica-{r}")
+}
+
+fn main() {
+    let shards = std::env::var("IC_BENCH_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(IndexConfig::default().shards_per_scope);
+    let lookups: usize = std::env::var("IC_BENCH_LOOKUPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let now = Timestamp::from_secs(1_800_000_000);
+    let config = IndexConfig {
+        max_entries: u64::MAX,
+        shards_per_scope: shards,
+    };
+    let router = Arc::new(Router::new(config, PolicySnapshot::empty(), now));
+    let scope = ScopeRef::new(TENANT, MODEL, SCHEME);
+    let ids: Vec<String> = (0..REPLICAS).map(replica_id).collect();
+    let endpoints: Vec<String> = (0..REPLICAS).map(|r| format!("10.0.0.{r}:8000")).collect();
+
+    // Prepare every event beforehand.
+    let mut rng = Rng(42);
+    let seqs: Vec<Vec<u64>> = (0..SEQUENCES).map(|s| sequence(s, 0)).collect();
+    let owner: Vec<usize> = (0..SEQUENCES).map(|_| rng.below(REPLICAS)).collect();
+    let events: Vec<[IndexEvent; 1]> = seqs
+        .iter()
+        .map(|hashes| {
+            [IndexEvent::Stored {
+                parent: None,
+                hashes: hashes.clone(),
+                token_counts: Vec::new(),
+            }]
+        })
+        .collect();
+    let mut group_holders = vec![[false; REPLICAS]; GROUPS];
+    for (s, &r) in owner.iter().enumerate() {
+        group_holders[s % GROUPS][r] = true;
+    }
+    let mut distinct_pairs = 0u64;
+    {
+        let mut shared_pairs = std::collections::HashSet::new();
+        for (s, &r) in owner.iter().enumerate() {
+            shared_pairs.insert((s % GROUPS, r));
+            distinct_pairs += (BLOCKS - SHARED) as u64;
+        }
+        distinct_pairs += (shared_pairs.len() * SHARED) as u64;
+    }
+
+    // Insert.
+    let rss_before = rss_bytes();
+    let start = Instant::now();
+    for (s, ev) in events.iter().enumerate() {
+        let r = owner[s];
+        let batch = IngestBatch {
+            scope,
+            replica_id: &ids[r],
+            endpoint: &endpoints[r],
+            events: ev,
+        };
+        black_box(router.ingest(&batch, now).ok());
+    }
+    let insert_secs = start.elapsed().as_secs_f64();
+    let rss_after = rss_bytes();
+    let blocks_inserted = (SEQUENCES * BLOCKS) as f64;
+    drop(events);
+
+    // Lookup requests: even = exact inserted sequence, odd = group prefix + 48 unseen.
+    let counts = vec![16u32; BLOCKS];
+    let mut queries: Vec<(Vec<u64>, Option<usize>, usize)> = Vec::with_capacity(lookups);
+    for q in 0..lookups {
+        let s = rng.below(SEQUENCES);
+        if q % 2 == 0 {
+            queries.push((seqs[s].clone(), Some(owner[s]), s % GROUPS));
+        } else {
+            queries.push((sequence(s, 1 + q as u64), None, s % GROUPS));
+        }
+    }
+    fn request<'a>(chain: &'a [u64], counts: &'a [u32]) -> LookupRequest<'a> {
+        LookupRequest {
+            tenant_id: TENANT,
+            model_id: MODEL,
+            hash_scheme: SCHEME,
+            block_hashes: chain,
+            block_token_counts: counts,
+            ..LookupRequest::default()
+        }
+    }
+
+    // Correctness.
+    let mut wrong = 0usize;
+    for (chain, exact_owner, group) in &queries {
+        let d = router.lookup(&request(chain, &counts), now);
+        let pick = d.pick().map(|p| p.replica_id.to_string());
+        let ok = match exact_owner {
+            Some(r) => {
+                d.reason == ReasonCode::PrefixMatch && pick.as_deref() == Some(ids[*r].as_str())
+            }
+            None => {
+                let holders = &group_holders[*group];
+                let all = holders.iter().all(|&h| h);
+                match d.reason {
+                    ReasonCode::PrefixMatch => {
+                        !all && pick.is_some_and(|p| {
+                            holders[p
+                                .trim_start_matches("replica-")
+                                .parse::<usize>()
+                                .unwrap_or(0)]
+                        })
+                    }
+                    ReasonCode::AffinityHint => all,
+                    _ => false,
+                }
+            }
+        };
+        wrong += usize::from(!ok);
+    }
+
+    // Timed lookups, quiet.
+    let timed = |router: &Router| -> Vec<u64> {
+        let mut lat = Vec::with_capacity(queries.len());
+        for (chain, _, _) in &queries {
+            let t = Instant::now();
+            black_box(router.lookup(&request(chain, &counts), now));
+            lat.push(t.elapsed().as_nanos() as u64);
+        }
+        lat.sort_unstable();
+        lat
+    };
+    let quiet = timed(&router);
+    let start = Instant::now();
+    for (chain, _, _) in &queries {
+        black_box(router.lookup(&request(chain, &counts), now));
+    }
+    let per_sec = queries.len() as f64 / start.elapsed().as_secs_f64();
+
+    // Timed lookups with a writer streaming stores and removals of other sequences.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (router, stop, written) = (router.clone(), stop.clone(), written.clone());
+        let ids = ids.clone();
+        std::thread::spawn(move || {
+            let mut rng = Rng(7);
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let hashes = sequence(SEQUENCES + n, 99);
+                let r = rng.below(REPLICAS);
+                let stored = [IndexEvent::Stored {
+                    parent: None,
+                    hashes: hashes.clone(),
+                    token_counts: Vec::new(),
+                }];
+                let batch = IngestBatch {
+                    scope,
+                    replica_id: &ids[r],
+                    endpoint: "",
+                    events: &stored,
+                };
+                let _ = router.ingest(&batch, now);
+                let removed = [IndexEvent::Removed {
+                    hashes: hashes[SHARED..].to_vec(),
+                }];
+                let batch = IngestBatch {
+                    events: &removed,
+                    ..batch
+                };
+                let _ = router.ingest(&batch, now);
+                written.fetch_add((BLOCKS + BLOCKS - SHARED) as u64, Ordering::Relaxed);
+                n += 1;
+            }
+        })
+    };
+    let start = Instant::now();
+    let busy = timed(&router);
+    let busy_secs = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = writer.join();
+    let writer_rate = written.load(Ordering::Relaxed) as f64 / busy_secs;
+
+    // Remove: unique tails (tail first) of random sequences until 10% of blocks are gone.
+    let target = (blocks_inserted * 0.10) as usize;
+    let mut removals = Vec::new();
+    let mut chosen = vec![false; SEQUENCES];
+    let mut planned = 0usize;
+    while planned < target {
+        let s = rng.below(SEQUENCES);
+        if chosen[s] {
+            continue;
+        }
+        chosen[s] = true;
+        let tail: Vec<u64> = seqs[s][SHARED..].iter().rev().copied().collect();
+        planned += tail.len();
+        removals.push((owner[s], [IndexEvent::Removed { hashes: tail }]));
+    }
+    let entries_before = router.index().total_entries();
+    let start = Instant::now();
+    for (r, ev) in &removals {
+        let batch = IngestBatch {
+            scope,
+            replica_id: &ids[*r],
+            endpoint: "",
+            events: ev,
+        };
+        black_box(router.ingest(&batch, now).ok());
+    }
+    let remove_secs = start.elapsed().as_secs_f64();
+    let entries_after = router.index().total_entries();
+
+    println!("inferencecache index benchmark (shared/design/bench-workload.md)");
+    println!("  shards per scope                 {shards}");
+    println!("  distinct (block, replica) pairs  {distinct_pairs}");
+    println!("  index entries after insert       {}", entries_before);
+    println!(
+        "  wrong decisions                  {wrong} of {}",
+        queries.len()
+    );
+    println!("| figure | inferencecache |");
+    println!("|---|---|");
+    println!(
+        "| insert blocks/s, one thread | {:.2}M |",
+        blocks_inserted / insert_secs / 1e6
+    );
+    println!(
+        "| bytes per (block, replica) pair | {:.1} |",
+        rss_after.saturating_sub(rss_before) as f64 / distinct_pairs as f64
+    );
+    println!(
+        "| decision median / p99, one thread | {:.2} / {:.2} µs |",
+        percentile(&quiet, 0.5),
+        percentile(&quiet, 0.99)
+    );
+    println!("| decisions/s, one thread | {:.0}k |", per_sec / 1e3);
+    println!(
+        "| decision median / p99 with a concurrent writer | {:.2} / {:.2} µs (writer {:.2}M blocks/s) |",
+        percentile(&busy, 0.5),
+        percentile(&busy, 0.99),
+        writer_rate / 1e6
+    );
+    println!(
+        "| remove blocks/s | {:.2}M ({} entries removed) |",
+        planned as f64 / remove_secs / 1e6,
+        entries_before - entries_after
+    );
+    if wrong > 0 {
+        eprintln!("error: {wrong} wrong decisions");
+        std::process::exit(1);
+    }
+}

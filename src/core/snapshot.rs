@@ -6,7 +6,7 @@
 //! start to end, and its revision is echoed on every decision.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::policy::ResolvedPolicy;
@@ -117,9 +117,8 @@ impl PolicySnapshot {
         // Debug output of plain data is deterministic; a fixed-seed hash of it is a
         // stable content revision.
         let text = format!("{defaults:?}|{namespaces:?}|{backends:?}");
-        let mut h = foldhash::fast::FixedState::with_seed(0x1c_ac4e).build_hasher();
-        text.hash(&mut h);
-        format!("r{:016x}", h.finish())
+        let h = foldhash::fast::FixedState::with_seed(0x1c_ac4e).hash_one(&text);
+        format!("r{h:016x}")
     }
 
     pub fn revision(&self) -> &Arc<str> {

@@ -36,7 +36,7 @@ impl Timestamp {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
 
-    pub fn add(self, d: Duration) -> Self {
+    pub fn plus(self, d: Duration) -> Self {
         Self(
             self.0
                 .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),

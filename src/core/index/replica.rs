@@ -7,7 +7,7 @@
 //! that change on every event (lastEventAt, prefixCount, registration time, stats)
 //! live in [`ReplicaLive`] atomics shared by every version of the table.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,9 +24,7 @@ const NOT_SERVING: u16 = u16::MAX;
 /// Stable, process-independent hash of a replica id for rendezvous hashing: two
 /// sidecars (or one after a restart) must pin a prompt to the same replica.
 pub fn replica_id_hash(id: &str) -> u64 {
-    let mut h = foldhash::fast::FixedState::with_seed(0x5eed_a551_7e11_0001).build_hasher();
-    id.hash(&mut h);
-    h.finish()
+    foldhash::fast::FixedState::with_seed(0x5eed_a551_7e11_0001).hash_one(id)
 }
 
 /// Per-replica values written on the event path.

@@ -34,8 +34,9 @@ pub(crate) struct Timeout;
 /// shard's readers can wait behind it.
 const SWEEP_BATCH: usize = 256;
 
-/// How often (in blocks) a long chain walk checks its deadline.
-const DEADLINE_STRIDE: usize = 256;
+/// Blocks probed ahead before their results are used (and how often a long
+/// chain walk checks its deadline).
+const PROBE_WINDOW: usize = 16;
 
 /// The result of matching a legacy prefix.
 pub(crate) struct PrefixMatch {
@@ -495,45 +496,61 @@ impl ScopeIndex {
                 None
             });
         }
-        let mut alive: SmallVec<[u16; 32]> = SmallVec::new();
-        for (i, &h) in chain.iter().enumerate() {
-            if i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
-                && deadline.is_some_and(|d| Instant::now() >= d)
-            {
+        // `alive` = members holding the whole run so far, as a bitset over member
+        // indices: one AND per block whatever the number of holders.
+        let words = serving.len().div_ceil(64);
+        let mut alive: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
+        let mut held: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
+        let mut end = chain.len();
+        // Probe a window of blocks first and process it after: the probes are
+        // independent, so the CPU overlaps their cache misses instead of paying
+        // them one after another.
+        let mut found: [Option<&Entry>; PROBE_WINDOW] = [None; PROBE_WINDOW];
+        'walk: for (w_index, window) in chain.chunks(PROBE_WINDOW).enumerate() {
+            if w_index > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Timeout);
             }
-            let entry = guards[shard_of(h, n)]
-                .as_ref()
-                .and_then(|g| g.blocks.get(&h))
-                .filter(|e| e.is_fresh(now, ttl));
-            let Some(e) = entry else {
-                for &m in &alive {
-                    runs[usize::from(m)] = i as u32;
-                }
-                return Ok(runs);
-            };
-            if i == 0 {
-                alive.extend(
-                    e.holders
-                        .slots()
-                        .filter_map(|s| serving.member_of(s))
-                        .map(|m| m as u16),
-                );
-            } else {
-                alive.retain(|m| {
-                    let held = e.holders.contains(serving.members[usize::from(*m)]);
-                    if !held {
-                        runs[usize::from(*m)] = i as u32;
-                    }
-                    held
-                });
+            for (slot, h) in found.iter_mut().zip(window) {
+                *slot = guards[shard_of(*h, n)]
+                    .as_ref()
+                    .and_then(|g| g.blocks.get(h));
             }
-            if alive.is_empty() {
-                return Ok(runs);
+            for (j, e) in found[..window.len()].iter().enumerate() {
+                let i = w_index * PROBE_WINDOW + j;
+                let Some(e) = e.filter(|e| e.is_fresh(now, ttl)) else {
+                    end = i;
+                    break 'walk;
+                };
+                held.iter_mut().for_each(|w| *w = 0);
+                for slot in e.holders.slots() {
+                    if let Some(m) = serving.member_of(slot) {
+                        held[m / 64] |= 1 << (m % 64);
+                    }
+                }
+                let mut any = 0u64;
+                for w in 0..words {
+                    let kept = if i == 0 { held[w] } else { alive[w] & held[w] };
+                    let mut dropped = alive[w] & !kept;
+                    while dropped != 0 {
+                        let bit = dropped.trailing_zeros() as usize;
+                        runs[w * 64 + bit] = i as u32;
+                        dropped &= dropped - 1;
+                    }
+                    alive[w] = kept;
+                    any |= kept;
+                }
+                if any == 0 {
+                    return Ok(runs);
+                }
             }
         }
-        for &m in &alive {
-            runs[usize::from(m)] = chain.len() as u32;
+        for (w, &word) in alive.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                runs[w * 64 + bit] = end as u32;
+                bits &= bits - 1;
+            }
         }
         Ok(runs)
     }

@@ -4,7 +4,7 @@
 //! behind its own `RwLock`, so a writer only ever blocks the readers of one shard
 //! for the few inserts of one event that land there.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 use hashbrown::HashMap;
 
@@ -94,9 +94,7 @@ impl EntryKeyRef<'_> {
 /// A fixed (process-independent) hash of a legacy prefix string: picks its shard,
 /// and seeds affinity so the same prompt pins the same replica on every sidecar.
 pub fn prefix_seed(prefix: &str) -> u64 {
-    let mut h = foldhash::fast::FixedState::with_seed(0x1e6a_c9e0_0000_0001).build_hasher();
-    prefix.hash(&mut h);
-    h.finish()
+    foldhash::fast::FixedState::with_seed(0x1e6a_c9e0_0000_0001).hash_one(prefix)
 }
 
 /// Which shard a 64-bit key lands in. Block hashes are already well mixed, but a
