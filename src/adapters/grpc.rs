@@ -1,0 +1,243 @@
+//! `inferencecache.v1.CacheService` on tonic: LookupRoute, IngestEvents, ReportStats.
+//!
+//! This is the one place where proto messages and core types meet: requests are
+//! borrowed into core requests (the chain is never copied on LookupRoute), and
+//! every core error becomes a `tonic::Status` in [`ingest_status`]. Input the core
+//! cannot mean anything by is refused with `InvalidArgument` and a message naming
+//! the field; structurally odd but harmless input (unequal chain arrays, empty keys
+//! on LookupRoute) is decided by the core, which answers NO_HINT.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use crate::adapters::MAX_CHAIN_BLOCKS;
+use crate::adapters::metrics::{DecisionPath, Metrics};
+use crate::core::Router;
+use crate::core::decision::outcome::{Decision, ReasonCode, Strategy};
+use crate::core::decision::request::LookupRequest;
+use crate::core::index::{IndexEvent, IngestBatch, IngestError, ReplicaStats, StatsReport};
+use crate::core::scope::ScopeRef;
+use crate::core::time::Timestamp;
+use crate::proto::v1 as pb;
+use crate::proto::v1::cache_service_server::{CacheService, CacheServiceServer};
+
+/// The most `candidate_replicas` one LookupRoute may name.
+pub const MAX_CANDIDATES: usize = 4096;
+
+/// The CacheService implementation.
+#[derive(Clone)]
+pub struct CacheApi {
+    router: Arc<Router>,
+    metrics: Arc<Metrics>,
+}
+
+impl CacheApi {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+        Self { router, metrics }
+    }
+
+    /// The tonic service, ready to add to a server.
+    pub fn into_server(self) -> CacheServiceServer<Self> {
+        CacheServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl CacheService for CacheApi {
+    async fn lookup_route(
+        &self,
+        request: Request<pb::LookupRouteRequest>,
+    ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        let req = request.into_inner();
+        check_lookup_limits(&req)?;
+        let started = Instant::now();
+        let decision = self.router.lookup(&lookup_request(&req), Timestamp::now());
+        self.metrics
+            .record_decision(DecisionPath::Grpc, decision.reason, started.elapsed());
+        Ok(Response::new(lookup_response(&decision)))
+    }
+
+    async fn ingest_events(
+        &self,
+        request: Request<pb::IngestEventsRequest>,
+    ) -> Result<Response<pb::IngestEventsResponse>, Status> {
+        let req = request.into_inner();
+        let (events, undecodable) = index_events(req.events);
+        let batch = IngestBatch {
+            scope: ScopeRef::new(&req.tenant_id, &req.model_id, &req.hash_scheme),
+            replica_id: &req.replica_id,
+            endpoint: &req.endpoint,
+            events: &events,
+        };
+        let result = self.router.ingest(&batch, Timestamp::now());
+        self.metrics
+            .record_ingest_call("IngestEvents", result.is_ok());
+        let outcome = result.map_err(ingest_status)?;
+        let rejected = outcome.rejected.saturating_add(undecodable);
+        self.metrics.record_ingest_events(outcome.applied, rejected);
+        Ok(Response::new(pb::IngestEventsResponse {
+            applied: outcome.applied,
+            rejected,
+        }))
+    }
+
+    async fn report_stats(
+        &self,
+        request: Request<pb::ReportStatsRequest>,
+    ) -> Result<Response<pb::ReportStatsResponse>, Status> {
+        let req = request.into_inner();
+        let result = replica_stats(req.stats.as_ref()).and_then(|stats| {
+            let report = StatsReport {
+                scope: ScopeRef::new(&req.tenant_id, &req.model_id, &req.hash_scheme),
+                replica_id: &req.replica_id,
+                endpoint: &req.endpoint,
+                stats,
+            };
+            self.router
+                .report_stats(&report, Timestamp::now())
+                .map_err(ingest_status)
+        });
+        self.metrics
+            .record_ingest_call("ReportStats", result.is_ok());
+        result.map(|()| Response::new(pb::ReportStatsResponse {}))
+    }
+}
+
+/// Refuses chains and candidate lists too large to mean anything.
+fn check_lookup_limits(req: &pb::LookupRouteRequest) -> Result<(), Status> {
+    let longest = req.block_hashes.len().max(req.block_token_counts.len());
+    if longest > MAX_CHAIN_BLOCKS {
+        return Err(Status::invalid_argument(format!(
+            "block_hashes/block_token_counts have {longest} items; at most {MAX_CHAIN_BLOCKS} are accepted"
+        )));
+    }
+    if req.candidate_replicas.len() > MAX_CANDIDATES {
+        return Err(Status::invalid_argument(format!(
+            "candidate_replicas has {} items; at most {MAX_CANDIDATES} are accepted",
+            req.candidate_replicas.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Borrows a proto request as a core request.
+pub fn lookup_request(req: &pb::LookupRouteRequest) -> LookupRequest<'_> {
+    LookupRequest {
+        tenant_id: &req.tenant_id,
+        model_id: &req.model_id,
+        hash_scheme: &req.hash_scheme,
+        prefix_hash: &req.prefix_hash,
+        prefix_token_count: req.prefix_token_count,
+        block_hashes: &req.block_hashes,
+        block_token_counts: &req.block_token_counts,
+        candidate_replicas: &req.candidate_replicas,
+    }
+}
+
+pub fn lookup_response(decision: &Decision) -> pb::LookupRouteResponse {
+    pb::LookupRouteResponse {
+        scores: decision
+            .scores()
+            .map(|s| pb::ReplicaScore {
+                replica_id: s.replica_id.to_string(),
+                endpoint: s.endpoint.to_string(),
+                score: s.score,
+                matched_tokens: s.matched_tokens,
+                matched_blocks: s.matched_blocks,
+            })
+            .collect(),
+        strategy: strategy(decision.strategy) as i32,
+        reason_code: reason_code(decision.reason) as i32,
+        policy_revision: decision.policy_revision.to_string(),
+    }
+}
+
+pub fn strategy(s: Strategy) -> pb::Strategy {
+    match s {
+        Strategy::None => pb::Strategy::None,
+        Strategy::PrefixMatch => pb::Strategy::PrefixMatch,
+        Strategy::TenantHot => pb::Strategy::TenantHot,
+        Strategy::Affinity => pb::Strategy::Affinity,
+    }
+}
+
+pub fn reason_code(r: ReasonCode) -> pb::ReasonCode {
+    match r {
+        ReasonCode::PrefixMatch => pb::ReasonCode::PrefixMatch,
+        ReasonCode::TenantHot => pb::ReasonCode::TenantHot,
+        ReasonCode::AffinityHint => pb::ReasonCode::AffinityHint,
+        ReasonCode::NoHint => pb::ReasonCode::NoHint,
+        ReasonCode::UnknownTenant => pb::ReasonCode::UnknownTenant,
+        ReasonCode::UnknownModel => pb::ReasonCode::UnknownModel,
+        ReasonCode::UnknownHashScheme => pb::ReasonCode::UnknownHashScheme,
+        ReasonCode::Timeout => pb::ReasonCode::Timeout,
+        ReasonCode::PolicyRequiresChain => pb::ReasonCode::PolicyRequiresChain,
+    }
+}
+
+/// Converts KV events in order. Returns the events the core can judge and how many
+/// were refused here: an empty `oneof`, or a run longer than [`MAX_CHAIN_BLOCKS`].
+pub fn index_events(events: Vec<pb::KvEvent>) -> (Vec<IndexEvent>, u32) {
+    use pb::kv_event::Event;
+    let mut out = Vec::with_capacity(events.len());
+    let mut refused = 0u32;
+    for e in events {
+        let converted = match e.event {
+            Some(Event::Stored(s)) if s.block_hashes.len() <= MAX_CHAIN_BLOCKS => {
+                Some(IndexEvent::Stored {
+                    parent: s.parent_block_hash,
+                    hashes: s.block_hashes,
+                    token_counts: s.block_token_counts,
+                })
+            }
+            Some(Event::Removed(r)) if r.block_hashes.len() <= MAX_CHAIN_BLOCKS => {
+                Some(IndexEvent::Removed {
+                    hashes: r.block_hashes,
+                })
+            }
+            Some(Event::Cleared(_)) => Some(IndexEvent::Cleared),
+            Some(Event::PrefixStored(p)) => Some(IndexEvent::PrefixStored {
+                prefix_hash: p.prefix_hash,
+                token_count: p.token_count,
+            }),
+            Some(Event::Stored(_) | Event::Removed(_)) | None => None,
+        };
+        match converted {
+            Some(ev) => out.push(ev),
+            None => refused = refused.saturating_add(1),
+        }
+    }
+    (out, refused)
+}
+
+/// Checks the ratios a replica reports; the message names the field.
+pub fn replica_stats(stats: Option<&pb::ReplicaStats>) -> Result<ReplicaStats, Status> {
+    let s = stats.ok_or_else(|| Status::invalid_argument("stats is required"))?;
+    for (field, v) in [
+        ("hit_rate", s.hit_rate),
+        ("kv_cache_usage", s.kv_cache_usage),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(Status::invalid_argument(format!(
+                "stats.{field} must be between 0 and 1, got {v}"
+            )));
+        }
+    }
+    Ok(ReplicaStats {
+        cache_memory_bytes: s.cache_memory_bytes,
+        hit_rate: s.hit_rate,
+        waiting_requests: s.waiting_requests,
+        running_requests: s.running_requests,
+        kv_cache_usage: s.kv_cache_usage,
+    })
+}
+
+/// Core ingest errors as wire answers.
+fn ingest_status(e: IngestError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

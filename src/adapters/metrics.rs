@@ -1,0 +1,283 @@
+//! The Prometheus registry: what the sidecar counts, in one place.
+//!
+//! Request-path metrics (decisions, latency, ingest calls) are updated as things
+//! happen. The index's own state (entries per tenant, evictions and refusals by
+//! cause, stored/removed blocks) and the policy source's reload counts are read at
+//! scrape time by [`IndexCollector`], so the hot path never touches a metric for them.
+//!
+//! Every label is bounded: reason codes and causes are fixed `&'static str`s, and
+//! the tenant label only takes tenant ids that the policy snapshot declares (all
+//! other tenants are summed under `tenant="_undeclared"`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::adapters::policy_file::SourceStatus;
+use crate::core::Router;
+use crate::core::decision::outcome::ReasonCode;
+use crate::core::time::Timestamp;
+
+/// Where a decision was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecisionPath {
+    ExtProc,
+    Grpc,
+}
+
+impl DecisionPath {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::ExtProc => "ext_proc",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    reason: &'static str,
+    path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    rpc: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+/// All metrics of the process, and the registry that encodes them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    decision_latency: Family<PathLabels, Histogram>,
+    ingest_calls: Family<RpcLabels, Counter>,
+    ingest_events: Family<EventLabels, Counter>,
+}
+
+impl Metrics {
+    /// Builds the registry; `router` and `policy` are read at scrape time.
+    pub fn new(router: Arc<Router>, policy: Arc<SourceStatus>) -> Self {
+        let mut registry = Registry::with_prefix("inferencecache");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "LookupRoute decisions by reason code and by path (ext_proc or grpc)",
+            decisions.clone(),
+        );
+        let decision_latency =
+            Family::<PathLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        registry.register(
+            "decision_latency_seconds",
+            "Time to decide one request, from parsed input to answer",
+            decision_latency.clone(),
+        );
+        let ingest_calls = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "ingest_calls",
+            "IngestEvents and ReportStats calls by outcome (ok or invalid)",
+            ingest_calls.clone(),
+        );
+        let ingest_events = Family::<EventLabels, Counter>::default();
+        registry.register(
+            "ingest_events",
+            "KV events received over gRPC, applied or rejected as malformed",
+            ingest_events.clone(),
+        );
+        registry.register_collector(Box::new(IndexCollector { router, policy }));
+        for reason in ReasonCode::ALL {
+            for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
+                // Pre-create every series so rates start from a known zero.
+                let _ = decisions.get_or_create(&DecisionLabels {
+                    reason: reason.as_str(),
+                    path: path.as_str(),
+                });
+            }
+        }
+        Self {
+            registry,
+            decisions,
+            decision_latency,
+            ingest_calls,
+            ingest_events,
+        }
+    }
+
+    pub fn record_decision(&self, path: DecisionPath, reason: ReasonCode, elapsed: Duration) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                reason: reason.as_str(),
+                path: path.as_str(),
+            })
+            .inc();
+        self.decision_latency
+            .get_or_create(&PathLabels {
+                path: path.as_str(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One IngestEvents or ReportStats call (`rpc` is the RPC name).
+    pub fn record_ingest_call(&self, rpc: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "invalid" };
+        self.ingest_calls
+            .get_or_create(&RpcLabels { rpc, outcome })
+            .inc();
+    }
+
+    pub fn record_ingest_events(&self, applied: u32, rejected: u32) {
+        for (result, n) in [("applied", applied), ("rejected", rejected)] {
+            if n > 0 {
+                self.ingest_events
+                    .get_or_create(&EventLabels { result })
+                    .inc_by(u64::from(n));
+            }
+        }
+    }
+
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 µs .. ~0.5 s, doubling.
+    Histogram::new(exponential_buckets(1e-6, 2.0, 20))
+}
+
+/// A counter family read at scrape time: name, help, and a value per cause.
+type CounterFamily<'a> = (&'a str, &'a str, &'a [(&'static str, u64)]);
+
+/// Reads the index and the policy source at scrape time.
+struct IndexCollector {
+    router: Arc<Router>,
+    policy: Arc<SourceStatus>,
+}
+
+impl std::fmt::Debug for IndexCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IndexCollector")
+    }
+}
+
+impl Collector for IndexCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = self.router.index().counters();
+        let counters: [CounterFamily<'_>; 4] = [
+            (
+                "index_evictions",
+                "Index entries evicted, by cause (ttl, cap, quota, cleared)",
+                &[
+                    ("ttl", c.evicted_ttl),
+                    ("cap", c.evicted_cap),
+                    ("quota", c.evicted_quota),
+                    ("cleared", c.dropped_cleared),
+                ],
+            ),
+            (
+                "index_refusals",
+                "New index entries refused, by cause",
+                &[("quota", c.refused_quota)],
+            ),
+            (
+                "index_blocks",
+                "Blocks in applied events, by kind (stored, removed)",
+                &[("stored", c.stored_blocks), ("removed", c.removed_blocks)],
+            ),
+            (
+                "index_rejected_events",
+                "Malformed events the index counted and ignored",
+                &[("malformed", c.rejected_events)],
+            ),
+        ];
+        for (name, help, value) in [
+            (
+                "policy_reloads",
+                "Policy loads that installed a snapshot (the first load included)",
+                self.policy.reload_ok_count(),
+            ),
+            (
+                "policy_errors",
+                "Policy loads that failed and kept the last good snapshot",
+                self.policy.reload_error_count(),
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
+        for (name, help, series) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (cause, value) in series {
+                let labels = CauseLabels { cause };
+                ConstCounter::new(*value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let snapshot = self.router.snapshot();
+        let view = self.router.view(Timestamp::now());
+        let mut per_tenant: BTreeMap<String, u64> = snapshot
+            .namespaces()
+            .filter_map(|ns| ns.tenant_id.clone())
+            .map(|t| (t, 0))
+            .collect();
+        for t in &view.tenants {
+            let key = if per_tenant.contains_key(&t.tenant) {
+                t.tenant.clone()
+            } else {
+                String::from("_undeclared")
+            };
+            *per_tenant.entry(key).or_default() += t.index_entries;
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "index_entries",
+                "Distinct index entries held per tenant",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (tenant, entries) in per_tenant {
+                let labels = TenantLabels { tenant };
+                family.encode_family(&labels)?.encode_gauge(&entries)?;
+            }
+        }
+        let mut total = encoder.encode_descriptor(
+            "index_entries_all",
+            "All index entries, every tenant",
+            None,
+            MetricType::Gauge,
+        )?;
+        total.encode_gauge(&view.total_entries)
+    }
+}

@@ -1,0 +1,218 @@
+//! `inferencecache serve`: wires the policy file, the router, the gRPC side
+//! (ext_proc + CacheService + health + reflection, one port) and the admin HTTP
+//! side together, and runs them until SIGINT/SIGTERM.
+//!
+//! ```text
+//!  policy_file::watch ──install──▶ Router ◀── ExtProc, CacheApi (tonic, --grpc-addr)
+//!                                    ▲  ◀── admin routes (axum, --admin-addr)
+//!             maintain task (1 s) ───┘
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::adapters::admin::{self, AdminState};
+use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
+use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
+use crate::adapters::grpc::CacheApi;
+use crate::adapters::metrics::Metrics;
+use crate::adapters::policy_file::{self, SourceStatus};
+use crate::core::Router;
+use crate::core::index::IndexConfig;
+use crate::core::time::Timestamp;
+use crate::proto::v1::FILE_DESCRIPTOR_SET;
+
+/// Whether clients may ask for the decision on their response headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DebugHeaders {
+    Allowed,
+    Disabled,
+}
+
+/// `inferencecache serve` flags (contract §11).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Policy file or directory of CachePolicy, CacheTenant and CacheBackend YAML
+    /// (file mode). Reloaded on change; a bad edit keeps the last good policy.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Watch the CRDs in a Kubernetes cluster (not yet supported).
+    #[arg(long)]
+    pub kubernetes: bool,
+    /// Address of the gRPC server: Envoy ext_proc, inferencecache.v1.CacheService,
+    /// gRPC health and reflection, all on one port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    pub grpc_addr: SocketAddr,
+    /// Address of the admin HTTP server: /healthz /readyz /metrics /snapshot /policy.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    pub admin_addr: SocketAddr,
+    /// What a request without a hint gets. override-host: no routing header, Envoy's
+    /// override_host cluster round-robins. original-dst: always exactly one ip:port
+    /// (a serving replica of the scope), or a 503 when the scope has none.
+    #[arg(long, value_name = "MODE", default_value_t = DestinationMode::OverrideHost,
+          value_parser = PossibleValuesParser::new(["override-host", "original-dst"])
+              .try_map(|s| s.parse::<DestinationMode>()))]
+    pub destination_mode: DestinationMode,
+    /// Cap on index entries across all tenants; the cap sweep evicts down to it.
+    #[arg(long, value_name = "N", default_value_t = IndexConfig::default().max_entries)]
+    pub index_max_entries: u64,
+    /// Whether `x-inferencecache-debug: 1` echoes the decision on the response.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = DebugHeaders::Allowed)]
+    pub debug_headers: DebugHeaders,
+    /// Name of the routing header written toward Envoy (the dynamic metadata key in
+    /// `envoy.lb` stays `x-gateway-destination-endpoint`).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_DESTINATION_HEADER)]
+    pub destination_header: String,
+    /// How often the policy path is checked for changes, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub policy_poll_ms: u64,
+}
+
+/// Runs the server until a shutdown signal.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if args.kubernetes {
+        bail!("--kubernetes is not yet supported; run with --config PATH (file mode)");
+    }
+    let Some(config_path) = args.config.clone() else {
+        bail!("--config PATH is required (a policy file or directory)");
+    };
+    let header = args.destination_header.to_ascii_lowercase();
+    if header.is_empty()
+        || !header
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        bail!(
+            "--destination-header {:?} is not a header name",
+            args.destination_header
+        );
+    }
+
+    // The first load must succeed: there is no last good policy to fall back to.
+    let loaded = policy_file::load(&config_path)
+        .map_err(|e| anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display()))?;
+    let now = Timestamp::now();
+    let status = Arc::new(SourceStatus::new());
+    status.record_success(loaded.snapshot.revision().clone(), now);
+    let index = IndexConfig {
+        max_entries: args.index_max_entries,
+        ..IndexConfig::default()
+    };
+    let router = Arc::new(Router::new(index, loaded.snapshot, now));
+    let metrics = Arc::new(Metrics::new(router.clone(), status.clone()));
+
+    let grpc_listener = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("binding --grpc-addr {}", args.grpc_addr))?;
+    let admin_listener = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
+
+    let watcher = {
+        let router = router.clone();
+        tokio::spawn(policy_file::watch(
+            config_path.clone(),
+            Duration::from_millis(args.policy_poll_ms.max(10)),
+            move |snapshot| router.install(snapshot, Timestamp::now()),
+            status.clone(),
+        ))
+    };
+    let maintenance = tokio::spawn(maintain(router.clone()));
+
+    let ext_proc = ExtProc::new(
+        router.clone(),
+        metrics.clone(),
+        ExtProcConfig {
+            destination_mode: args.destination_mode,
+            debug_headers_allowed: args.debug_headers == DebugHeaders::Allowed,
+            destination_header: header,
+        },
+    )
+    .into_server();
+    let cache_api = CacheApi::new(router.clone(), metrics.clone()).into_server();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<crate::proto::v1::cache_service_server::CacheServiceServer<CacheApi>>()
+        .await;
+    health
+        .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building gRPC reflection")?;
+
+    tracing::info!(grpc = %args.grpc_addr, admin = %args.admin_addr,
+        mode = %args.destination_mode, config = %config_path.display(), "serving");
+
+    let grpc = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(cache_api)
+        .add_service(ext_proc)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), shutdown_signal());
+    let admin = axum::serve(
+        admin_listener,
+        admin::routes(AdminState {
+            router,
+            metrics,
+            source: status,
+            source_name: config_path.display().to_string(),
+        }),
+    )
+    .with_graceful_shutdown(shutdown_signal());
+
+    let (grpc, admin) = tokio::join!(grpc, admin);
+    watcher.abort();
+    maintenance.abort();
+    grpc.context("gRPC server")?;
+    admin.context("admin server")?;
+    Ok(())
+}
+
+/// TTL sweep, cap sweep and stale registrations, once a second, off the async
+/// workers (a sweep walks shards).
+async fn maintain(router: Arc<Router>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let r = router.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || r.maintain(Timestamp::now())).await {
+            tracing::error!(error = %e, "index maintenance failed");
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,301 @@
+//! CacheService through a real tonic client over loopback: every RPC, good and bad
+//! input, plus gRPC health and reflection on the same server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use inferencecache::adapters::grpc::CacheApi;
+use inferencecache::adapters::metrics::Metrics;
+use inferencecache::adapters::policy_file::SourceStatus;
+use inferencecache::core::Router;
+use inferencecache::core::index::IndexConfig;
+use inferencecache::core::policy::ResolvedPolicy;
+use inferencecache::core::scope::ScopeKey;
+use inferencecache::core::snapshot::{BackendDecl, DeclaredReplica, PolicySnapshot};
+use inferencecache::core::time::Timestamp;
+use inferencecache::proto::v1 as pb;
+use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn mk_snapshot() -> PolicySnapshot {
+    let replicas = ["r1", "r2", "r3"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| DeclaredReplica {
+            id: (*id).into(),
+            address: format!("127.0.0.1:{}", 8001 + i),
+            kv_events_endpoint: None,
+            kv_replay_endpoint: None,
+        })
+        .collect();
+    let backend = BackendDecl {
+        namespace: "team-a".into(),
+        name: "llama".into(),
+        scope: ScopeKey {
+            tenant: "acme".into(),
+            model: "llama".into(),
+            hash_scheme: "vllm".into(),
+        },
+        engine: "vLLM".into(),
+        block_size: 16,
+        kv_events_topic: String::new(),
+        replicas,
+    };
+    PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])
+}
+
+async fn mk_server() -> (CacheServiceClient<Channel>, SocketAddr) {
+    let router = Arc::new(Router::new(
+        IndexConfig::default(),
+        mk_snapshot(),
+        Timestamp::now(),
+    ));
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(CacheApi::new(router, metrics).into_server())
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let client = CacheServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (client, addr)
+}
+
+fn scope_req(chain: &[u64]) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        tenant_id: "acme".into(),
+        model_id: "llama".into(),
+        hash_scheme: "vllm".into(),
+        block_hashes: chain.to_vec(),
+        block_token_counts: vec![16; chain.len()],
+        ..Default::default()
+    }
+}
+
+fn stored(chain: &[u64]) -> pb::KvEvent {
+    pb::KvEvent {
+        event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+            parent_block_hash: None,
+            block_hashes: chain.to_vec(),
+            block_token_counts: vec![],
+        })),
+    }
+}
+
+fn ingest_req(replica: &str, events: Vec<pb::KvEvent>) -> pb::IngestEventsRequest {
+    pb::IngestEventsRequest {
+        tenant_id: "acme".into(),
+        model_id: "llama".into(),
+        hash_scheme: "vllm".into(),
+        replica_id: replica.into(),
+        endpoint: String::new(),
+        events,
+    }
+}
+
+const CHAIN: [u64; 6] = [11, 12, 13, 14, 15, 16];
+
+#[tokio::test]
+async fn ingest_then_lookup_routes_to_the_holder() {
+    let (mut client, _) = mk_server().await;
+    let out = client
+        .ingest_events(ingest_req("r2", vec![stored(&CHAIN)]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((out.applied, out.rejected), (1, 0));
+    let resp = client
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.reason_code(), pb::ReasonCode::PrefixMatch);
+    assert_eq!(resp.strategy(), pb::Strategy::PrefixMatch);
+    assert_eq!(resp.scores[0].replica_id, "r2");
+    assert_eq!(resp.scores[0].endpoint, "127.0.0.1:8002");
+    assert_eq!(resp.scores[0].matched_tokens, 96);
+    assert_eq!(resp.scores[0].matched_blocks, 6);
+    assert!(resp.scores[0].score > 0.0);
+    assert!(resp.policy_revision.starts_with('r'));
+}
+
+#[tokio::test]
+async fn lookup_diagnostics_and_malformed_requests_answer_cleanly() {
+    let (mut client, _) = mk_server().await;
+    let mut unknown = scope_req(&CHAIN);
+    unknown.tenant_id = "nobody".into();
+    let resp = client.lookup_route(unknown).await.unwrap().into_inner();
+    assert_eq!(resp.reason_code(), pb::ReasonCode::UnknownTenant);
+    assert!(resp.scores.is_empty());
+
+    // Unequal chain arrays: structurally malformed, NO_HINT, never affinity.
+    let mut unequal = scope_req(&CHAIN);
+    unequal.block_token_counts.pop();
+    let resp = client.lookup_route(unequal).await.unwrap().into_inner();
+    assert_eq!(resp.reason_code(), pb::ReasonCode::NoHint);
+    assert!(resp.scores.is_empty());
+
+    // Empty keys: NO_HINT.
+    for field in 0..3 {
+        let mut req = scope_req(&CHAIN);
+        match field {
+            0 => req.tenant_id.clear(),
+            1 => req.model_id.clear(),
+            _ => req.hash_scheme.clear(),
+        }
+        let resp = client.lookup_route(req).await.unwrap().into_inner();
+        assert_eq!(resp.reason_code(), pb::ReasonCode::NoHint, "field {field}");
+    }
+
+    // A huge chain is refused with a message, not decided.
+    let huge: Vec<u64> = (0..70_000).collect();
+    let err = client.lookup_route(scope_req(&huge)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("at most"), "{}", err.message());
+
+    // The server is still fine afterwards.
+    let resp = client
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.reason_code(), pb::ReasonCode::AffinityHint);
+    assert_eq!(resp.scores.len(), 1);
+}
+
+#[tokio::test]
+async fn ingest_refuses_bad_headers_and_counts_bad_events() {
+    let (mut client, _) = mk_server().await;
+    let mut no_replica = ingest_req("", vec![stored(&CHAIN)]);
+    let err = client.ingest_events(no_replica.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("replica_id"), "{}", err.message());
+
+    no_replica.replica_id = "r1".into();
+    no_replica.tenant_id.clear();
+    let err = client.ingest_events(no_replica).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    let mut probe = ingest_req("r1", vec![stored(&CHAIN)]);
+    probe.tenant_id = "inferencecache.io/probe".into();
+    let err = client.ingest_events(probe).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    let unequal = pb::KvEvent {
+        event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+            parent_block_hash: None,
+            block_hashes: vec![1, 2, 3],
+            block_token_counts: vec![16],
+        })),
+    };
+    let events = vec![
+        stored(&CHAIN),
+        pb::KvEvent { event: None },
+        unequal,
+        stored(&vec![7; 70_000]),
+    ];
+    let out = client
+        .ingest_events(ingest_req("r1", events))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((out.applied, out.rejected), (1, 3));
+    // Nothing of the rejected events was stored.
+    let resp = client
+        .lookup_route(scope_req(&[1, 2, 3]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(resp.reason_code(), pb::ReasonCode::PrefixMatch);
+}
+
+#[tokio::test]
+async fn report_stats_accepts_good_and_refuses_bad_ratios() {
+    let (mut client, _) = mk_server().await;
+    let mut req = pb::ReportStatsRequest {
+        tenant_id: "acme".into(),
+        model_id: "llama".into(),
+        hash_scheme: "vllm".into(),
+        replica_id: "r1".into(),
+        endpoint: "127.0.0.1:8001".into(),
+        stats: Some(pb::ReplicaStats {
+            cache_memory_bytes: 1 << 30,
+            hit_rate: 0.5,
+            waiting_requests: 2,
+            running_requests: 4,
+            kv_cache_usage: 0.25,
+        }),
+    };
+    client.report_stats(req.clone()).await.unwrap();
+
+    req.stats.as_mut().unwrap().hit_rate = 1.5;
+    let err = client.report_stats(req.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("hit_rate"));
+
+    req.stats = None;
+    let err = client.report_stats(req.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    req.stats = Some(pb::ReplicaStats::default());
+    req.replica_id.clear();
+    let err = client.report_stats(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let (_, addr) = mk_server().await;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let resp = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.status(), ServingStatus::Serving);
+
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"inferencecache.v1.CacheService"),
+        "{names:?}"
+    );
+}
