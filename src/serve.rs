@@ -103,7 +103,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     status.record_success(loaded.snapshot.revision().clone(), now);
     let index = IndexConfig {
         max_entries: args.index_max_entries,
-        ..IndexConfig::default()
     };
     let router = Arc::new(Router::new(index, loaded.snapshot, now));
     let metrics = Arc::new(Metrics::new(router.clone(), status.clone()));

@@ -122,10 +122,7 @@ fn mk_router(policy: ResolvedPolicy) -> Router {
 
 /// A router whose `acme` tenant has `quota` and whose index has `cap` entries at most.
 fn mk_router_with(policy: ResolvedPolicy, quota: Option<u64>, cap: u64) -> Router {
-    let config = IndexConfig {
-        max_entries: cap,
-        ..IndexConfig::default()
-    };
+    let config = IndexConfig { max_entries: cap };
     Router::new(config, mk_snapshot(policy, quota, Vec::new()), t0())
 }
 

@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(h.low_mask(), Some(0b110));
         assert!(h.add(70));
         assert_eq!(h.low_mask(), None);
-        assert_eq!(h.remove_all(70), true);
+        assert!(h.remove_all(70));
         assert_eq!(h.release(1), Release::StillHeld);
         assert_eq!(h.release(1), Release::Released);
         assert!(!h.contains(1));
