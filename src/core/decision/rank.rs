@@ -60,17 +60,19 @@ pub(crate) fn rank_chain<K: Ord>(
     for &m in runs {
         ending[m as usize] += 1;
     }
-    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::with_capacity(max_run + 1);
-    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::with_capacity(max_run + 1);
-    prefix_score.push(0.0);
-    prefix_tokens.push(0);
+    // Prefix sums over the blocks: score and tokens of holding the first i blocks.
+    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::from_elem(0.0, max_run + 1);
+    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::from_elem(0, max_run + 1);
+    let inv_n = 1.0 / n as f64;
+    let (mut score, mut tokens) = (0.0f64, 0u64);
     let mut holding = n as u32 - ending[0];
     for i in 0..max_run {
-        let t = f64::from(token_counts.get(i).copied().unwrap_or(0));
-        let d = 1.0 - f64::from(holding) / n as f64;
-        let s = prefix_score[i] + (t / SCORE_BLOCK_TOKENS) * d;
-        prefix_score.push(s);
-        prefix_tokens.push(prefix_tokens[i] + u64::from(token_counts.get(i).copied().unwrap_or(0)));
+        let t = token_counts.get(i).copied().unwrap_or(0);
+        let d = 1.0 - f64::from(holding) * inv_n;
+        score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+        tokens += u64::from(t);
+        prefix_score[i + 1] = score;
+        prefix_tokens[i + 1] = tokens;
         holding -= ending[i + 1];
     }
     let mut rows: Vec<Row> = runs
@@ -119,11 +121,14 @@ fn finish<K: Ord>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> 
     if rows.is_empty() {
         return Ranking::BelowFloor;
     }
-    rows.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
-            .then_with(|| id_of(a.member).cmp(&id_of(b.member)))
+    // Scores are never negative, so their IEEE bits order like the values; one
+    // precomputed key per row keeps the sort cheap.
+    rows.sort_by_cached_key(|r| {
+        (
+            std::cmp::Reverse(r.score.to_bits()),
+            std::cmp::Reverse(r.matched_tokens),
+            id_of(r.member),
+        )
     });
     if rows[0].score < floors.routing_floor_score {
         return Ranking::BelowFloor;
