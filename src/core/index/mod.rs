@@ -23,6 +23,7 @@
 mod entry;
 pub mod event;
 mod eviction;
+mod leading_run;
 mod replica;
 pub mod scope;
 mod store;

@@ -21,6 +21,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
+use super::leading_run::LeadingRuns;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::core::scope::ScopeKey;
@@ -462,57 +463,21 @@ impl ScopeIndex {
             return Ok(runs);
         }
         let store = self.read_within(deadline)?;
-        // `alive` = serving replicas holding the whole run so far, as a bitset over
-        // slots: one AND per block (holder masks make it one AND per entry too).
         let words = serving.slot_bits.len();
-        let mut alive: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
-        let mut held: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
         let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
-        let mut timed_out = false;
-        let end = store.walk(chain, |i, e| {
-            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
-                timed_out = true;
-                return false;
-            }
-            if !e.is_fresh(now, ttl) {
-                return false;
-            }
-            match e.holders.low_mask() {
-                Some(mask) if words == 1 => held[0] = mask,
-                _ => {
-                    held.iter_mut().for_each(|w| *w = 0);
-                    for slot in e.holders.slots() {
-                        if let Some(w) = held.get_mut(slot as usize / 64) {
-                            *w |= 1 << (slot % 64);
-                        }
-                    }
-                }
-            }
-            let mut any = 0u64;
-            for w in 0..words {
-                let holding = held[w] & serving.slot_bits[w];
-                let kept = if i == 0 { holding } else { alive[w] & holding };
-                let mut dropped = alive[w] & !kept;
-                while dropped != 0 {
-                    let bit = dropped.trailing_zeros() as usize;
-                    slot_runs[w * 64 + bit] = i as u32;
-                    dropped &= dropped - 1;
-                }
-                alive[w] = kept;
-                any |= kept;
-            }
-            any != 0
-        });
-        if timed_out {
-            return Err(Timeout);
-        }
-        for (w, &word) in alive.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let bit = bits.trailing_zeros() as usize;
-                slot_runs[w * 64 + bit] = end as u32;
-                bits &= bits - 1;
-            }
+        let walk = LeadingRuns {
+            store: &store,
+            serving: &serving.slot_bits,
+            now,
+            ttl,
+            deadline,
+        };
+        // One word covers tables of up to 64 replicas, the common case; fixed-size
+        // arrays let the compiler drop the per-word loop there.
+        if words == 1 {
+            walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
+        } else {
+            walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
         }
         for (m, &slot) in serving.members.iter().enumerate() {
             runs[m] = slot_runs[slot as usize];
