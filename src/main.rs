@@ -1,6 +1,7 @@
 //! The `inferencecache` command line: parses arguments and hands over to the wiring.
 
 use clap::{Parser, Subcommand};
+use inferencecache::adapters::admission::{self, WebhookArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
 
@@ -18,6 +19,8 @@ enum Command {
     Serve(ServeArgs),
     /// Print the CustomResourceDefinitions as one multi-document YAML stream.
     Crds,
+    /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
+    Webhook(WebhookArgs),
 }
 
 #[tokio::main]
@@ -35,5 +38,6 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", crd::render_yaml()?);
             Ok(())
         }
+        Command::Webhook(args) => admission::run(args).await,
     }
 }
