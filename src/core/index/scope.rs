@@ -35,6 +35,13 @@ pub(crate) const SWEEP_BATCH: usize = 256;
 /// How many blocks of an event are stored or removed per write-lock hold.
 pub(crate) const WRITE_BATCH: usize = 16;
 
+/// What brought a replica in: KV events move its lastEventAt, stats do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Touch {
+    Event,
+    Stats,
+}
+
 /// The result of matching a legacy prefix.
 pub(crate) struct PrefixMatch {
     /// Serving members holding the prefix.
@@ -119,6 +126,7 @@ impl ScopeIndex {
         id: &str,
         endpoint: &str,
         now: u64,
+        touch: Touch,
     ) -> (u32, Arc<ReplicaLive>) {
         let current = self.table.load();
         let found = current
@@ -142,10 +150,20 @@ impl ScopeIndex {
                 (slot, r.unwrap_or_default())
             }),
         };
-        if !endpoint.is_empty() {
+        // Contract §3: a registration stays fresh while the replica sends events
+        // or stats, with or without repeating its endpoint.
+        let registered = !endpoint.is_empty()
+            || self
+                .table
+                .load()
+                .get(slot)
+                .is_some_and(|r| r.registered.is_some());
+        if registered {
             live.registered_at.fetch_max(now, Ordering::Relaxed);
         }
-        live.last_event_at.fetch_max(now, Ordering::Relaxed);
+        if touch == Touch::Event {
+            live.last_event_at.fetch_max(now, Ordering::Relaxed);
+        }
         (slot, live)
     }
 
@@ -564,7 +582,7 @@ impl ScopeIndex {
 
     /// Test hook: holds the write lock, as a long writer would.
     #[cfg(test)]
-    pub(crate) fn hold_all_shards(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
+    pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
         vec![self.write()]
     }
 }
