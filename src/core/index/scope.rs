@@ -512,6 +512,8 @@ impl ScopeIndex {
                     .filter_map(|s| serving.member_of(s))
                     .map(|m| m as u16),
             );
+            // Member order is replica-id order, the ranker's final tie-breaker.
+            out.holders.sort_unstable();
         }
         Ok(out)
     }
