@@ -33,7 +33,8 @@ use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
     external_processor_server::{ExternalProcessor, ExternalProcessorServer},
-    processing_request::Request as Message, processing_response::Response as Reply,
+    processing_request::Request as Message,
+    processing_response::Response as Reply,
 };
 use futures::Stream;
 use inferencecache::proto::v1 as pb;
@@ -137,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
             c.send(&request).await?;
         }
     }
-    let mut samples = vec![Vec::with_capacity(requests); clients.len()];
+    let mut samples: [Vec<Duration>; 3] = std::array::from_fn(|_| Vec::with_capacity(requests));
     for _ in 0..requests {
         for (c, s) in clients.iter_mut().zip(&mut samples) {
             let start = Instant::now();
@@ -385,7 +386,11 @@ async fn ingest_chain(channel: tonic::transport::Channel, chain: &[u64]) -> anyh
         .await?
         .into_inner();
     if out.applied != 1 || out.rejected != 0 {
-        bail!("ingesting the chain: applied {}, rejected {}", out.applied, out.rejected);
+        bail!(
+            "ingesting the chain: applied {}, rejected {}",
+            out.applied,
+            out.rejected
+        );
     }
     Ok(())
 }
@@ -487,14 +492,16 @@ fn envoy_config(
     let mut config: Value =
         serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let socket = |a: SocketAddr| json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } });
-    let endpoints = |addrs: &[SocketAddr]| {
-        json!([{ "lb_endpoints": addrs.iter().map(|a| json!({ "endpoint": { "address": socket(*a) } })).collect::<Vec<_>>() }])
-    };
+    let endpoints = |addrs: &[SocketAddr]| json!([{ "lb_endpoints": addrs.iter().map(|a| json!({ "endpoint": { "address": socket(*a) } })).collect::<Vec<_>>() }]);
 
     let statics = &mut config["static_resources"];
     let template = statics["listeners"][0].clone();
     let mut out = Vec::new();
-    for (i, (name, addr)) in ["sidecar", "noop", "alone"].iter().zip(listeners).enumerate() {
+    for (i, (name, addr)) in ["sidecar", "noop", "alone"]
+        .iter()
+        .zip(listeners)
+        .enumerate()
+    {
         let mut l = template.clone();
         l["name"] = json!(name);
         l["address"] = socket(*addr);
