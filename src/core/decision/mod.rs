@@ -136,7 +136,7 @@ pub fn decide(
                     scope_index.credit_prefix(req.prefix_hash);
                 }
             }
-            finish(strategy, reason, revision, &rows, serving)
+            finish(strategy, reason, revision, rows, serving)
         }
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
@@ -158,7 +158,7 @@ pub fn decide(
                         Strategy::Affinity,
                         ReasonCode::AffinityHint,
                         revision,
-                        &[row],
+                        vec![row],
                         serving,
                     )
                 }
@@ -203,11 +203,12 @@ fn finish(
     strategy: Strategy,
     reason: ReasonCode,
     revision: &std::sync::Arc<str>,
-    rows: &[Row],
+    rows: Vec<Row>,
     serving: ServingSet,
 ) -> Decision {
+    // Same size and alignment: `collect` reuses the ranker's allocation.
     let slots = rows
-        .iter()
+        .into_iter()
         .map(|r| ScoredSlot {
             slot: serving.members[r.member],
             score: r.score,

@@ -112,7 +112,7 @@ fn finish(rows: &mut Vec<Row>, floors: Floors) -> Ranking {
     if rows.is_empty() {
         return Ranking::BelowFloor;
     }
-    rows.sort_by(|a, b| {
+    sort_stable(rows, |a, b| {
         b.score
             .total_cmp(&a.score)
             .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
@@ -121,6 +121,23 @@ fn finish(rows: &mut Vec<Row>, floors: Floors) -> Ranking {
         return Ranking::BelowFloor;
     }
     Ranking::Prefix(std::mem::take(rows))
+}
+
+/// A stable sort. Rows come nearly sorted (a few distinct scores, ties in id
+/// order), where insertion sort is linear and, for the usual few dozen replicas,
+/// several times cheaper than the general sort's setup.
+fn sort_stable(rows: &mut [Row], cmp: impl Fn(&Row, &Row) -> std::cmp::Ordering) {
+    if rows.len() > 64 {
+        rows.sort_by(cmp);
+        return;
+    }
+    for i in 1..rows.len() {
+        let mut j = i;
+        while j > 0 && cmp(&rows[j - 1], &rows[j]) == std::cmp::Ordering::Greater {
+            rows.swap(j - 1, j);
+            j -= 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -197,5 +214,28 @@ mod tests {
         assert_eq!(r[0].matched_blocks, 1);
         assert_eq!(r[0].matched_tokens, 32);
         assert!((r[0].score - 2.0 * 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sort_stable_agrees_with_the_standard_stable_sort() {
+        for n in [0usize, 1, 5, 40, 64, 65, 130] {
+            let mut rows: Vec<Row> = (0..n)
+                .map(|i| Row {
+                    member: i,
+                    score: ((i * 7919) % 3) as f64,
+                    matched_tokens: ((i * 104_729) % 2) as u32,
+                    matched_blocks: 1,
+                })
+                .collect();
+            let cmp = |a: &Row, b: &Row| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
+            };
+            let mut expected = rows.clone();
+            expected.sort_by(cmp);
+            sort_stable(&mut rows, cmp);
+            assert_eq!(rows, expected, "n = {n}");
+        }
     }
 }

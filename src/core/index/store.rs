@@ -125,27 +125,30 @@ impl Store {
     /// Returns the index where the walk stopped.
     #[inline]
     pub fn walk(&self, chain: &[u64], mut visit: impl FnMut(usize, &Entry) -> bool) -> usize {
-        let mut at: Option<Loc> = None;
+        // The current run's slots and the offset of the last block found in it.
+        let (mut run, mut off): (&[Slot], usize) = (&[], 0);
         for (i, &h) in chain.iter().enumerate() {
             // The next slot of the current run, if it carries this very hash.
-            let next = at.and_then(|l| {
-                let loc = Loc {
-                    run: l.run,
-                    off: l.off + 1,
-                };
-                self.slot(loc)
-                    .filter(|s| s.hash == h && s.is_live())
-                    .map(|s| (loc, s))
-            });
-            let found = next.or_else(|| {
-                let loc = *self.blocks.get(&h)?;
-                self.slot(loc).map(|s| (loc, s))
-            });
-            let Some((loc, slot)) = found else { return i };
+            let slot = match run.get(off + 1).filter(|s| s.hash == h && s.is_live()) {
+                Some(s) => {
+                    off += 1;
+                    s
+                }
+                None => {
+                    let Some(&loc) = self.blocks.get(&h) else {
+                        return i;
+                    };
+                    let Some(r) = self.runs.get(loc.run as usize).and_then(Option::as_ref) else {
+                        return i;
+                    };
+                    (run, off) = (&r.slots, loc.off as usize);
+                    let Some(s) = run.get(off) else { return i };
+                    s
+                }
+            };
             if !visit(i, &slot.entry) {
                 return i;
             }
-            at = Some(loc);
         }
         chain.len()
     }
