@@ -1,6 +1,7 @@
 //! The `inferencecache` command line: parses arguments and hands over to the wiring.
 
 use clap::{Parser, Subcommand};
+use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::serve::{self, ServeArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
@@ -15,6 +16,8 @@ struct Cli {
 enum Command {
     /// Serve ext_proc, the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),
+    /// Compute a block-hash chain from token ids on stdin (x-inferencecache-block-hashes).
+    Chain(ChainArgs),
 }
 
 #[tokio::main]
@@ -28,5 +31,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Chain(args) => {
+            chain_command::run(&args, std::io::stdin().lock(), std::io::stdout().lock())
+        }
     }
 }
