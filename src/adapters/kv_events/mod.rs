@@ -1,0 +1,10 @@
+//! Engine KV events (vLLM, SGLang) → index events: the ZMQ subscriber adapter.
+//!
+//! ```text
+//!  engine PUB ──[topic, seq, payload]──▶ subscriber (transport, seq, replay)
+//!        ──payload──▶ decode (msgpack → EngineBatch)
+//!        ──EngineEvent──▶ translate (per replica, per hash scheme → IndexEvent)
+//!        ──▶ Router::ingest
+//! ```
+
+pub mod decode;
