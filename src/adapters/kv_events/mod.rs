@@ -8,4 +8,7 @@
 //! ```
 
 pub mod decode;
+pub mod metrics;
+pub mod subscriber;
+pub mod supervisor;
 pub mod translate;
