@@ -94,6 +94,16 @@ impl KvEventMetrics {
         );
     }
 
+    /// Batches decoded so far (benchmarks and tests wait on it).
+    pub fn batches(&self) -> u64 {
+        self.batches.get()
+    }
+
+    /// Sequence gaps seen so far.
+    pub fn gaps(&self) -> u64 {
+        self.gaps.get()
+    }
+
     pub fn batch(&self) {
         self.batches.inc();
     }
