@@ -1,7 +1,9 @@
 //! The `inferencecache` command line: parses arguments and hands over to the wiring.
 
 use clap::{Parser, Subcommand};
+use inferencecache::adapters::admission::{self, WebhookArgs};
 use inferencecache::chain_command::{self, ChainArgs};
+use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
@@ -18,6 +20,10 @@ enum Command {
     Serve(ServeArgs),
     /// Compute a block-hash chain from token ids on stdin (x-inferencecache-block-hashes).
     Chain(ChainArgs),
+    /// Print the CustomResourceDefinitions as one multi-document YAML stream.
+    Crds,
+    /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
+    Webhook(WebhookArgs),
 }
 
 #[tokio::main]
@@ -34,5 +40,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Chain(args) => {
             chain_command::run(&args, std::io::stdin().lock(), std::io::stdout().lock())
         }
+        Command::Crds => {
+            print!("{}", crd::render_yaml()?);
+            Ok(())
+        }
+        Command::Webhook(args) => admission::run(args).await,
     }
 }
