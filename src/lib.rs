@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adapters;
+pub mod chain_command;
 pub mod core;
 pub mod crd;
 pub mod proto;

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use inferencecache::adapters::admission::{self, WebhookArgs};
+use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Serve ext_proc, the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),
+    /// Compute a block-hash chain from token ids on stdin (x-inferencecache-block-hashes).
+    Chain(ChainArgs),
     /// Print the CustomResourceDefinitions as one multi-document YAML stream.
     Crds,
     /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
@@ -34,6 +37,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Chain(args) => {
+            chain_command::run(&args, std::io::stdin().lock(), std::io::stdout().lock())
+        }
         Command::Crds => {
             print!("{}", crd::render_yaml()?);
             Ok(())

@@ -22,6 +22,7 @@ use crate::adapters::admin::{self, AdminState};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
+use crate::adapters::kv_events::supervisor::Subscribers;
 use crate::adapters::metrics::Metrics;
 use crate::adapters::policy_file::{self, SourceStatus};
 use crate::core::Router;
@@ -114,12 +115,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
 
+    // Engine KV event subscribers follow the declared replicas of each snapshot.
+    let subscribers = Arc::new(Subscribers::new(
+        router.clone(),
+        metrics.kv_events().clone(),
+    ));
+    subscribers.sync(&router.snapshot());
     let watcher = {
         let router = router.clone();
+        let subscribers = subscribers.clone();
         tokio::spawn(policy_file::watch(
             config_path.clone(),
             Duration::from_millis(args.policy_poll_ms.max(10)),
-            move |snapshot| router.install(snapshot, Timestamp::now()),
+            move |snapshot| {
+                router.install(snapshot, Timestamp::now());
+                subscribers.sync(&router.snapshot());
+            },
             status.clone(),
         ))
     };

@@ -21,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
 use crate::core::decision::outcome::ReasonCode;
@@ -82,6 +83,7 @@ pub struct Metrics {
     decision_latency: Family<PathLabels, Histogram>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
+    kv_events: Arc<KvEventMetrics>,
 }
 
 impl Metrics {
@@ -113,6 +115,8 @@ impl Metrics {
             "KV events received over gRPC, applied or rejected as malformed",
             ingest_events.clone(),
         );
+        let kv_events = Arc::new(KvEventMetrics::default());
+        kv_events.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
         for reason in ReasonCode::ALL {
             for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
@@ -129,7 +133,13 @@ impl Metrics {
             decision_latency,
             ingest_calls,
             ingest_events,
+            kv_events,
         }
+    }
+
+    /// The KV event subscribers' metrics.
+    pub fn kv_events(&self) -> &Arc<KvEventMetrics> {
+        &self.kv_events
     }
 
     pub fn record_decision(&self, path: DecisionPath, reason: ReasonCode, elapsed: Duration) {

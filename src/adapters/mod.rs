@@ -18,6 +18,7 @@ pub mod admin;
 pub mod admission;
 pub mod ext_proc;
 pub mod grpc;
+pub mod kv_events;
 pub mod metrics;
 pub mod policy_file;
 pub mod resolve;

@@ -12,6 +12,7 @@
 //!
 //! Time is always passed in as a [`time::Timestamp`] so tests control the clock.
 
+pub mod chain;
 pub mod decision;
 pub mod index;
 pub mod policy;

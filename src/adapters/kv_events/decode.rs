@@ -1,0 +1,282 @@
+//! Engine KV event payloads (msgpack, as vLLM and SGLang publish them) → typed
+//! [`EngineBatch`]es. Pure: no sockets, no index.
+//!
+//! Both generations are accepted (see `shared/design/kv-events.md`): a batch is an
+//! array `[ts, events, dp_rank]` or a map with those keys; an event is an array
+//! with its tag first (missing trailing slots are defaults, extra slots ignored) or
+//! a map with a `type` key (unknown keys ignored). A hash is a u64, an i64 (old
+//! builds; its two's complement bits) or bytes (the last 8, big-endian).
+//!
+//! The payload is parsed into an `rmpv::Value` first (depth-limited) because the
+//! shapes are positional in one generation and keyed in the other. Anything
+//! malformed is a [`DecodeError`], never a panic; an event of an unknown type is
+//! skipped and counted, since newer engines add event types.
+
+use rmpv::Value;
+use thiserror::Error;
+
+/// Nesting deeper than this is not an engine payload.
+const MAX_DEPTH: usize = 16;
+
+/// One published batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineBatch {
+    /// The engine's wall clock at publish time, seconds since the Unix epoch.
+    pub ts: f64,
+    pub events: Vec<EngineEvent>,
+    pub data_parallel_rank: Option<i64>,
+    /// Events of a type this decoder does not know, skipped.
+    pub skipped: u32,
+}
+
+/// One engine event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    BlockStored {
+        block_hashes: Vec<u64>,
+        /// `None`: the run starts at block 0.
+        parent_block_hash: Option<u64>,
+        /// Covers every stored block: `block_hashes.len() × block_size`.
+        token_ids: Vec<u32>,
+        block_size: u32,
+        /// `None` when absent; "GPU" is the main pool.
+        medium: Option<String>,
+    },
+    BlockRemoved {
+        block_hashes: Vec<u64>,
+        medium: Option<String>,
+    },
+    AllBlocksCleared,
+}
+
+/// Why a payload could not be decoded; nothing of it is applied.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("not msgpack: {0}")]
+    Msgpack(String),
+    #[error("trailing bytes after the batch")]
+    Trailing,
+    #[error("batch: {0}")]
+    Batch(&'static str),
+    #[error("event {index} ({tag}): {what}")]
+    Event {
+        index: usize,
+        tag: &'static str,
+        what: String,
+    },
+}
+
+/// Decodes one payload frame.
+pub fn decode_batch(payload: &[u8]) -> Result<EngineBatch, DecodeError> {
+    let mut rd = payload;
+    let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
+        .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
+    if !rd.is_empty() {
+        return Err(DecodeError::Trailing);
+    }
+    let (ts, events, rank) = match value {
+        Value::Array(slots) => {
+            let mut it = slots.into_iter();
+            (it.next(), it.next(), it.next())
+        }
+        Value::Map(entries) => {
+            let (mut ts, mut events, mut rank) = (None, None, None);
+            for (k, v) in entries {
+                match k.as_str() {
+                    Some("ts") => ts = Some(v),
+                    Some("events") => events = Some(v),
+                    Some("data_parallel_rank") => rank = Some(v),
+                    _ => {}
+                }
+            }
+            (ts, events, rank)
+        }
+        _ => return Err(DecodeError::Batch("neither an array nor a map")),
+    };
+    let ts = match ts {
+        Some(Value::F64(t)) => t,
+        Some(Value::F32(t)) => f64::from(t),
+        Some(Value::Integer(i)) => i.as_f64().unwrap_or(0.0),
+        Some(Value::Nil) | None => 0.0,
+        Some(_) => return Err(DecodeError::Batch("ts is not a number")),
+    };
+    let Some(Value::Array(raw_events)) = events else {
+        return Err(DecodeError::Batch("events is missing or not an array"));
+    };
+    let data_parallel_rank = match rank {
+        Some(Value::Integer(i)) => i.as_i64(),
+        Some(Value::Nil) | None => None,
+        Some(_) => return Err(DecodeError::Batch("data_parallel_rank is not an integer")),
+    };
+    let mut batch = EngineBatch {
+        ts,
+        events: Vec::with_capacity(raw_events.len()),
+        data_parallel_rank,
+        skipped: 0,
+    };
+    for (index, raw) in raw_events.into_iter().enumerate() {
+        match decode_event(raw).map_err(|(tag, what)| DecodeError::Event { index, tag, what })? {
+            Some(e) => batch.events.push(e),
+            None => batch.skipped += 1,
+        }
+    }
+    Ok(batch)
+}
+
+type EventResult = Result<Option<EngineEvent>, (&'static str, String)>;
+
+/// The fields of an event, by name, whichever generation carried them.
+#[derive(Default)]
+struct Fields {
+    block_hashes: Option<Value>,
+    parent_block_hash: Option<Value>,
+    token_ids: Option<Value>,
+    block_size: Option<Value>,
+    medium: Option<Value>,
+}
+
+const STORED: &str = "BlockStored";
+const REMOVED: &str = "BlockRemoved";
+const CLEARED: &str = "AllBlocksCleared";
+
+fn decode_event(raw: Value) -> EventResult {
+    let mut f = Fields::default();
+    let tag = match raw {
+        Value::Array(slots) => {
+            let mut it = slots.into_iter();
+            let tag = tag_of(it.next())?;
+            match tag {
+                Some(STORED) => {
+                    // block_hashes, parent_block_hash, token_ids, block_size,
+                    // lora_id, medium, ...
+                    f.block_hashes = it.next();
+                    f.parent_block_hash = it.next();
+                    f.token_ids = it.next();
+                    f.block_size = it.next();
+                    f.medium = it.nth(1);
+                }
+                Some(REMOVED) => {
+                    f.block_hashes = it.next();
+                    f.medium = it.next();
+                }
+                _ => {}
+            }
+            tag
+        }
+        Value::Map(entries) => {
+            let mut tag = None;
+            for (k, v) in entries {
+                let Some(key) = k.as_str() else { continue };
+                let slot = match key {
+                    "type" => {
+                        tag = tag_of(Some(v))?;
+                        continue;
+                    }
+                    "block_hashes" => &mut f.block_hashes,
+                    "parent_block_hash" => &mut f.parent_block_hash,
+                    "token_ids" => &mut f.token_ids,
+                    "block_size" => &mut f.block_size,
+                    "medium" => &mut f.medium,
+                    _ => continue,
+                };
+                *slot = Some(v);
+            }
+            tag
+        }
+        _ => return Err(("?", "neither an array nor a map".into())),
+    };
+    match tag {
+        Some(STORED) => stored(f),
+        Some(REMOVED) => Ok(Some(EngineEvent::BlockRemoved {
+            block_hashes: hashes(f.block_hashes).map_err(|w| (REMOVED, w))?,
+            medium: medium(f.medium).map_err(|w| (REMOVED, w))?,
+        })),
+        Some(CLEARED) => Ok(Some(EngineEvent::AllBlocksCleared)),
+        Some(_) => Ok(None),
+        None => Err(("?", "no type tag".into())),
+    }
+}
+
+/// The tag as one of ours (`Some(other)` maps to an unknown type, `None` to no tag).
+fn tag_of(v: Option<Value>) -> Result<Option<&'static str>, (&'static str, String)> {
+    match v {
+        Some(Value::String(s)) => Ok(Some(match s.as_str() {
+            Some(STORED) => STORED,
+            Some(REMOVED) => REMOVED,
+            Some(CLEARED) => CLEARED,
+            _ => "unknown",
+        })),
+        None | Some(Value::Nil) => Ok(None),
+        Some(_) => Err(("?", "the type tag is not a string".into())),
+    }
+}
+
+fn stored(f: Fields) -> EventResult {
+    let err = |w: String| (STORED, w);
+    let block_hashes = hashes(f.block_hashes).map_err(err)?;
+    let parent_block_hash = match f.parent_block_hash {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(hash(&v).ok_or_else(|| err("parent_block_hash is not a hash".into()))?),
+    };
+    let token_ids = match f.token_ids {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| err("a token id is not a u32".into()))?,
+        _ => return Err(err("token_ids is missing or not an array".into())),
+    };
+    let block_size = f
+        .block_size
+        .as_ref()
+        .and_then(Value::as_u64)
+        .and_then(|b| u32::try_from(b).ok())
+        .filter(|b| *b > 0)
+        .ok_or_else(|| err("block_size is missing or not a positive u32".into()))?;
+    Ok(Some(EngineEvent::BlockStored {
+        block_hashes,
+        parent_block_hash,
+        token_ids,
+        block_size,
+        medium: medium(f.medium).map_err(err)?,
+    }))
+}
+
+fn hashes(v: Option<Value>) -> Result<Vec<u64>, String> {
+    match v {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, h)| hash(h).ok_or_else(|| format!("block_hashes[{i}] is not a hash")))
+            .collect(),
+        _ => Err("block_hashes is missing or not an array".into()),
+    }
+}
+
+/// u64, i64 (its bits) or bytes (the last 8, big-endian; fewer are left-padded).
+fn hash(v: &Value) -> Option<u64> {
+    match v {
+        Value::Integer(i) => i.as_u64().or_else(|| i.as_i64().map(|s| s as u64)),
+        Value::Binary(b) if !b.is_empty() => {
+            let tail = &b[b.len().saturating_sub(8)..];
+            let mut buf = [0u8; 8];
+            buf[8 - tail.len()..].copy_from_slice(tail);
+            Some(u64::from_be_bytes(buf))
+        }
+        _ => None,
+    }
+}
+
+fn medium(v: Option<Value>) -> Result<Option<String>, String> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::String(s)) => s
+            .into_str()
+            .map(Some)
+            .ok_or_else(|| "medium is not UTF-8".into()),
+        Some(_) => Err("medium is not a string".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

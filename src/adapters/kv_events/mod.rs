@@ -1,0 +1,14 @@
+//! Engine KV events (vLLM, SGLang) → index events: the ZMQ subscriber adapter.
+//!
+//! ```text
+//!  engine PUB ──[topic, seq, payload]──▶ subscriber (transport, seq, replay)
+//!        ──payload──▶ decode (msgpack → EngineBatch)
+//!        ──EngineEvent──▶ translate (per replica, per hash scheme → IndexEvent)
+//!        ──▶ Router::ingest
+//! ```
+
+pub mod decode;
+pub mod metrics;
+pub mod subscriber;
+pub mod supervisor;
+pub mod translate;

@@ -1,0 +1,88 @@
+//! Keeps one [`Subscriber`] running per declared replica with a KV event endpoint,
+//! following policy snapshots: new replicas start one, removed or changed replicas
+//! stop theirs (the core drops a no-longer-declared replica's entries on
+//! `Router::install`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::metrics::KvEventMetrics;
+use super::subscriber::{Subscriber, SubscriberConfig};
+use super::translate::DEFAULT_MAX_MAPPINGS;
+use crate::core::Router;
+use crate::core::snapshot::PolicySnapshot;
+
+/// Queue depth per replica, in batches.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+
+/// The running subscribers, keyed by their whole configuration.
+pub struct Subscribers {
+    router: Arc<Router>,
+    metrics: Arc<KvEventMetrics>,
+    running: Mutex<HashMap<SubscriberConfig, Subscriber>>,
+}
+
+impl Subscribers {
+    pub fn new(router: Arc<Router>, metrics: Arc<KvEventMetrics>) -> Self {
+        Self {
+            router,
+            metrics,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What `snapshot` asks for: one subscriber per (backend, replica) with an endpoint.
+    pub fn wanted(snapshot: &PolicySnapshot) -> Vec<SubscriberConfig> {
+        let mut out = Vec::new();
+        for backend in snapshot.backends() {
+            for r in &backend.replicas {
+                let Some(endpoint) = &r.kv_events_endpoint else {
+                    continue;
+                };
+                out.push(SubscriberConfig {
+                    scope: backend.scope.clone(),
+                    replica_id: r.id.clone(),
+                    address: r.address.clone(),
+                    endpoint: endpoint.clone(),
+                    replay_endpoint: r.kv_replay_endpoint.clone(),
+                    topic: backend.kv_events_topic.clone(),
+                    queue_capacity: DEFAULT_QUEUE_CAPACITY,
+                    replay_timeout: Duration::from_secs(2),
+                    max_mappings: DEFAULT_MAX_MAPPINGS,
+                });
+            }
+        }
+        out
+    }
+
+    /// Starts and stops subscribers to match `snapshot` (needs a Tokio runtime).
+    pub fn sync(&self, snapshot: &PolicySnapshot) {
+        let wanted = Self::wanted(snapshot);
+        let mut running = self.running.lock();
+        running.retain(|config, _| wanted.contains(config));
+        for config in wanted {
+            if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(config) {
+                let config = slot.key().clone();
+                tracing::info!(replica = %config.replica_id, endpoint = %config.endpoint,
+                    scope = %config.scope, "starting KV event subscriber");
+                slot.insert(Subscriber::spawn(
+                    config,
+                    self.router.clone(),
+                    self.metrics.clone(),
+                ));
+            }
+        }
+    }
+
+    /// How many subscribers run.
+    pub fn len(&self) -> usize {
+        self.running.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
