@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod ext_proc;
 pub mod grpc;
+pub mod kubernetes;
 pub mod metrics;
 pub mod policy_file;
 pub mod resolve;
