@@ -12,3 +12,7 @@
 //! ```
 
 pub mod status;
+pub mod watch;
+
+#[cfg(test)]
+mod mock;
