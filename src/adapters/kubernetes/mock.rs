@@ -179,10 +179,10 @@ fn write(
         if !scenario.cache_index_exists {
             return not_found("cacheindexes/cluster");
         }
-        return ok(
-            json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
-            "metadata": {"name": "cluster"}, "status": body["status"]}),
-        );
+        let mut obj = json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
+            "metadata": {"name": "cluster"}, "status": {}});
+        merge(&mut obj, &body);
+        return ok(obj);
     }
     // …/<resource>/<name>/status
     let name = segments
@@ -198,10 +198,30 @@ fn write(
         .cloned();
     match found {
         Some(mut obj) => {
-            obj["status"] = body["status"].clone();
+            merge(&mut obj, &body);
             ok(obj)
         }
         None => not_found(name),
+    }
+}
+
+/// RFC 7386 JSON merge patch, as the apiserver applies it.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in patch {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
     }
 }
 
