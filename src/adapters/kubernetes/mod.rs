@@ -11,6 +11,7 @@
 //!                                    ▼ merge patches on the status subresources
 //! ```
 
+pub mod leader;
 pub mod publish;
 pub mod status;
 pub mod watch;
