@@ -7,7 +7,8 @@
 //! unseen blocks), checked for correctness; then removals of the unique tails of
 //! random sequences until 10% of the stored blocks are gone.
 //!
-//! Environment: IC_BENCH_LOOKUPS (default 100000).
+//! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
+//! repeats one lookup N times (for a profiler).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -172,6 +173,17 @@ fn main() {
             block_token_counts: counts,
             ..LookupRequest::default()
         }
+    }
+
+    // Profiling aid: IC_BENCH_PROFILE_HOT=N repeats one exact lookup N times and exits.
+    if let Some(n) = std::env::var("IC_BENCH_PROFILE_HOT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        for _ in 0..n {
+            black_box(router.lookup(&request(&queries[0].0, &counts), now));
+        }
+        return;
     }
 
     // Correctness.

@@ -1,6 +1,8 @@
 //! The `inferencecache` command line: parses arguments and hands over to the wiring.
 
 use clap::{Parser, Subcommand};
+use inferencecache::adapters::admission::{self, WebhookArgs};
+use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
@@ -15,6 +17,10 @@ struct Cli {
 enum Command {
     /// Serve ext_proc, the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),
+    /// Print the CustomResourceDefinitions as one multi-document YAML stream.
+    Crds,
+    /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
+    Webhook(WebhookArgs),
 }
 
 #[tokio::main]
@@ -28,5 +34,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Crds => {
+            print!("{}", crd::render_yaml()?);
+            Ok(())
+        }
+        Command::Webhook(args) => admission::run(args).await,
     }
 }

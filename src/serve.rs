@@ -258,7 +258,7 @@ async fn start_kubernetes(
 }
 
 /// TTL sweep, cap sweep and stale registrations, once a second, off the async
-/// workers (a sweep walks shards).
+/// workers (a sweep scans every entry of a scope).
 async fn maintain(router: Arc<Router>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

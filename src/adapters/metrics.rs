@@ -213,7 +213,7 @@ impl Collector for IndexCollector {
             ),
             (
                 "index_blocks",
-                "Blocks in applied events, by kind (stored, removed)",
+                "Blocks in applied events, by cause (stored, removed)",
                 &[("stored", c.stored_blocks), ("removed", c.removed_blocks)],
             ),
             (

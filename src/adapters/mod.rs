@@ -11,9 +11,11 @@
 //!   (pure; shared by file mode and Kubernetes).
 //! - [`policy_file`]: the standalone policy source (contract §10): YAML on disk,
 //!   polled and reloaded.
+//! - [`admission`]: the validating admission webhook (HTTPS, AdmissionReview v1).
 //! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side.
 
 pub mod admin;
+pub mod admission;
 pub mod ext_proc;
 pub mod grpc;
 pub mod kubernetes;

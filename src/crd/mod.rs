@@ -24,6 +24,7 @@ pub mod cache_backend;
 pub mod cache_index;
 pub mod cache_policy;
 pub mod cache_tenant;
+pub mod openapi;
 pub mod pd_topology;
 pub mod prompt_template;
 

@@ -149,6 +149,20 @@ impl RoutingHeaders {
     }
 }
 
+impl RoutingHeaders {
+    /// Chain arrays of unequal length are not a parse error: the core decides
+    /// what they mean under the tenant's policy (dropped when chain matching is
+    /// off, "no valid chain" under requireChain, otherwise NO_HINT). This names
+    /// the mismatch for the debug echo.
+    pub fn chain_mismatch(&self) -> Option<MalformedHeader> {
+        let (hashes, counts) = (
+            self.fields.block_hashes.len(),
+            self.fields.block_token_counts.len(),
+        );
+        (hashes != counts).then_some(MalformedHeader::Unequal { hashes, counts })
+    }
+}
+
 impl RoutingFields {
     fn parse_numbers(
         &mut self,
@@ -169,12 +183,6 @@ impl RoutingFields {
                 item: clip(item),
             })
         })?;
-        if self.block_hashes.len() != self.block_token_counts.len() {
-            return Err(MalformedHeader::Unequal {
-                hashes: self.block_hashes.len(),
-                counts: self.block_token_counts.len(),
-            });
-        }
         if let Some(v) = prefix_tokens.filter(|v| !v.is_empty()) {
             self.prefix_tokens = parse_decimal_u32(v).ok_or_else(|| MalformedHeader::BadCount {
                 header: PREFIX_TOKENS,

@@ -309,3 +309,40 @@ fn messages_it_does_not_use_get_an_empty_continue() {
             .is_none()
     );
 }
+
+#[test]
+fn unequal_chain_headers_follow_the_tenant_policy() {
+    let now = Timestamp::now();
+    let require = ResolvedPolicy {
+        strategy: crate::core::policy::StrategyGates {
+            require_chain: true,
+            ..Default::default()
+        },
+        ..ResolvedPolicy::default()
+    };
+    let router = Arc::new(Router::new(
+        IndexConfig::default(),
+        PolicySnapshot::new(require, vec![], vec![]),
+        now,
+    ));
+    let metrics = Metrics::new(router.clone(), Arc::new(SourceStatus::new()));
+    let parsed = RoutingHeaders::parse([
+        (TENANT, &b"acme"[..]),
+        (MODEL, &b"llama"[..]),
+        (HASH_SCHEME, &b"vllm"[..]),
+        (BLOCK_HASHES, &b"a1,a2"[..]),
+        (BLOCK_TOKEN_COUNTS, &b"16"[..]),
+        (DEBUG, &b"1"[..]),
+    ]);
+    let verdict =
+        verdict::Verdict::decide(&router, &metrics, &ExtProcConfig::default(), &parsed, now);
+    // Under requireChain a malformed chain is "no valid chain", not NO_HINT.
+    assert!(
+        verdict
+            .debug_echo
+            .iter()
+            .any(|(k, v)| *k == REASON && v == "POLICY_REQUIRES_CHAIN"),
+        "{:?}",
+        verdict.debug_echo
+    );
+}

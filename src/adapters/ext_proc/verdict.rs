@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::headers::{
     self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
@@ -106,7 +106,9 @@ impl Verdict {
         let mut destination = None;
         let reason = match &parsed.malformed {
             Some(m) => {
+                // Counted like any decision, so malformed traffic shows in metrics.
                 detail = Some(m.to_string());
+                metrics.record_decision(DecisionPath::ExtProc, ReasonCode::NoHint, Duration::ZERO);
                 ReasonCode::NoHint
             }
             None => {
@@ -130,6 +132,9 @@ impl Verdict {
                     upstream.push((MATCHED_TOKENS, pick.matched_tokens.to_string()));
                 }
                 revision = Some(decision.policy_revision.to_string());
+                if decision.reason == ReasonCode::NoHint {
+                    detail = parsed.chain_mismatch().map(|m| m.to_string());
+                }
                 decision.reason
             }
         };

@@ -78,7 +78,6 @@ pub fn decide(
         Classified::Known(s) => s,
     };
     let serving = scope_index.serving(now, ttl, req.candidate_replicas);
-    let id_of = |m: usize| serving.id_rank(m);
     let floors = Floors {
         minimum_matched_tokens: policy.minimum_matched_tokens,
         routing_floor_score: policy.routing_floor_score.value(),
@@ -88,7 +87,7 @@ pub fn decide(
     let has_seed = chain.is_present() || !req.prefix_hash.is_empty();
     let ranking = if chain.is_present() {
         match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
-            Ok(runs) => rank::rank_chain(&runs, chain.token_counts, floors, id_of),
+            Ok(runs) => rank::rank_chain(&runs, chain.token_counts, floors),
             Err(_) => return none(ReasonCode::Timeout),
         }
     } else if !req.prefix_hash.is_empty() {
@@ -99,7 +98,7 @@ pub fn decide(
                 } else {
                     req.prefix_token_count
                 };
-                rank::rank_prefix(&m.holders, serving.len(), tokens, floors, id_of)
+                rank::rank_prefix(&m.holders, serving.len(), tokens, floors)
             }
             Err(_) => return none(ReasonCode::Timeout),
         }

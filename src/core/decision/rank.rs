@@ -42,14 +42,9 @@ fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// Ranks the chain path. `runs[member]` is m_r; `token_counts` the request's;
-/// `id_of` orders members as their replica ids do (the final tie-breaker).
-pub(crate) fn rank_chain<K: Ord>(
-    runs: &[u32],
-    token_counts: &[u32],
-    floors: Floors,
-    id_of: impl Fn(usize) -> K,
-) -> Ranking {
+/// Ranks the chain path. `runs[member]` is m_r (members in replica-id order);
+/// `token_counts` the request's.
+pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> Ranking {
     let n = runs.len();
     let max_run = runs.iter().copied().max().unwrap_or(0) as usize;
     if max_run == 0 || n == 0 {
@@ -60,17 +55,19 @@ pub(crate) fn rank_chain<K: Ord>(
     for &m in runs {
         ending[m as usize] += 1;
     }
-    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::with_capacity(max_run + 1);
-    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::with_capacity(max_run + 1);
-    prefix_score.push(0.0);
-    prefix_tokens.push(0);
+    // Prefix sums over the blocks: score and tokens of holding the first i blocks.
+    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::from_elem(0.0, max_run + 1);
+    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::from_elem(0, max_run + 1);
+    let inv_n = 1.0 / n as f64;
+    let (mut score, mut tokens) = (0.0f64, 0u64);
     let mut holding = n as u32 - ending[0];
     for i in 0..max_run {
-        let t = f64::from(token_counts.get(i).copied().unwrap_or(0));
-        let d = 1.0 - f64::from(holding) / n as f64;
-        let s = prefix_score[i] + (t / SCORE_BLOCK_TOKENS) * d;
-        prefix_score.push(s);
-        prefix_tokens.push(prefix_tokens[i] + u64::from(token_counts.get(i).copied().unwrap_or(0)));
+        let t = token_counts.get(i).copied().unwrap_or(0);
+        let d = 1.0 - f64::from(holding) * inv_n;
+        score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+        tokens += u64::from(t);
+        prefix_score[i + 1] = score;
+        prefix_tokens[i + 1] = tokens;
         holding -= ending[i + 1];
     }
     let mut rows: Vec<Row> = runs
@@ -84,18 +81,12 @@ pub(crate) fn rank_chain<K: Ord>(
             matched_blocks: m,
         })
         .collect();
-    finish(&mut rows, floors, id_of)
+    finish(&mut rows, floors)
 }
 
 /// Ranks the legacy exact-prefix path: every holder matched one block of
 /// `tokens` tokens.
-pub(crate) fn rank_prefix<K: Ord>(
-    holders: &[u16],
-    serving: usize,
-    tokens: u32,
-    floors: Floors,
-    id_of: impl Fn(usize) -> K,
-) -> Ranking {
+pub(crate) fn rank_prefix(holders: &[u16], serving: usize, tokens: u32, floors: Floors) -> Ranking {
     if holders.is_empty() || serving == 0 {
         return Ranking::NoMatch;
     }
@@ -110,11 +101,13 @@ pub(crate) fn rank_prefix<K: Ord>(
             matched_blocks: 1,
         })
         .collect();
-    finish(&mut rows, floors, id_of)
+    finish(&mut rows, floors)
 }
 
 /// Both floors, then the order: score desc, matched tokens desc, replica id asc.
-fn finish<K: Ord>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> K) -> Ranking {
+/// Rows arrive in member order, which is replica-id order, so a stable sort on
+/// the first two keys settles ties by id.
+fn finish(rows: &mut Vec<Row>, floors: Floors) -> Ranking {
     rows.retain(|r| r.matched_tokens >= floors.minimum_matched_tokens);
     if rows.is_empty() {
         return Ranking::BelowFloor;
@@ -123,7 +116,6 @@ fn finish<K: Ord>(rows: &mut Vec<Row>, floors: Floors, id_of: impl Fn(usize) -> 
         b.score
             .total_cmp(&a.score)
             .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
-            .then_with(|| id_of(a.member).cmp(&id_of(b.member)))
     });
     if rows[0].score < floors.routing_floor_score {
         return Ranking::BelowFloor;
@@ -151,7 +143,7 @@ mod tests {
     #[test]
     fn score_is_distinguishing_power_weighted() {
         // 4 serving; a holds 3 blocks, b holds 1, c and d none.
-        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], OPEN, |m| IDS[m]));
+        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], OPEN));
         // Block 0: h=2 → d=0.5; blocks 1,2: h=1 → d=0.75.
         assert_eq!(r[0].member, 0);
         assert!((r[0].score - (0.5 + 0.75 + 0.75)).abs() < 1e-12);
@@ -163,7 +155,7 @@ mod tests {
 
     #[test]
     fn overlap_held_by_all_scores_zero() {
-        let r = rows(rank_chain(&[2, 2, 2, 2], &[16, 16], OPEN, |m| IDS[m]));
+        let r = rows(rank_chain(&[2, 2, 2, 2], &[16, 16], OPEN));
         assert!(r.iter().all(|row| row.score == 0.0));
         // Ties sort by id.
         let order: Vec<_> = r.iter().map(|row| IDS[row.member]).collect();
@@ -172,25 +164,19 @@ mod tests {
 
     #[test]
     fn partial_blocks_count_their_tokens() {
-        let r = rows(rank_chain(&[2, 0, 0, 0], &[16, 8], OPEN, |m| IDS[m]));
+        let r = rows(rank_chain(&[2, 0, 0, 0], &[16, 8], OPEN));
         assert_eq!(r[0].matched_tokens, 24);
         assert!((r[0].score - (0.75 + 0.5 * 0.75)).abs() < 1e-12);
     }
 
     #[test]
     fn no_match_is_distinct_from_below_floor() {
-        assert_eq!(
-            rank_chain(&[0, 0], &[16], OPEN, |m| IDS[m]),
-            Ranking::NoMatch
-        );
+        assert_eq!(rank_chain(&[0, 0], &[16], OPEN), Ranking::NoMatch);
         let floors = Floors {
             minimum_matched_tokens: 64,
             routing_floor_score: 0.0,
         };
-        assert_eq!(
-            rank_chain(&[1, 0], &[16], floors, |m| IDS[m]),
-            Ranking::BelowFloor
-        );
+        assert_eq!(rank_chain(&[1, 0], &[16], floors), Ranking::BelowFloor);
     }
 
     #[test]
@@ -200,13 +186,13 @@ mod tests {
             routing_floor_score: 0.6,
         };
         // a scores 2.0, b scores 0.5 (< floor) but stays listed.
-        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], floors, |m| IDS[m]));
+        let r = rows(rank_chain(&[3, 1, 0, 0], &[16, 16, 16], floors));
         assert_eq!(r.len(), 2);
     }
 
     #[test]
     fn legacy_prefix_is_one_block() {
-        let r = rows(rank_prefix(&[2], 4, 32, OPEN, |m| IDS[m]));
+        let r = rows(rank_prefix(&[2], 4, 32, OPEN));
         assert_eq!(r[0].member, 2);
         assert_eq!(r[0].matched_blocks, 1);
         assert_eq!(r[0].matched_tokens, 32);

@@ -312,11 +312,11 @@ fn lookup_at(router: &Router, r: &Req, now: Timestamp) -> Decision {
     router.lookup(&r.as_lookup(), now)
 }
 
-/// Runs the lookup on another thread while this one holds every shard of `scope`
+/// Runs the lookup on another thread while this one holds the write lock of `scope`
 /// for writing, as a long writer would.
 fn lookup_while_held(router: &Router, scope: ScopeRef<'_>, r: &Req) -> Decision {
     let held = router.index().scope(scope).expect("the scope exists");
-    let _guards = held.hold_all_shards();
+    let _guards = held.hold_writes();
     std::thread::scope(|s| s.spawn(|| lookup(router, r)).join().expect("lookup thread"))
 }
 

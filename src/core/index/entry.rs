@@ -17,7 +17,7 @@ pub(crate) struct Holder {
 }
 
 /// The replicas holding an entry. Never empty: an entry whose last holder goes is
-/// removed from its shard.
+/// removed from its scope's store.
 #[derive(Debug)]
 pub(crate) enum Holders {
     One(Holder),

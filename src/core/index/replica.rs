@@ -18,9 +18,6 @@ use smallvec::SmallVec;
 use super::event::ReplicaStats;
 use crate::core::time::Timestamp;
 
-/// Slot value meaning "not a member" in [`ServingSet::member_of`].
-const NOT_SERVING: u16 = u16::MAX;
-
 /// Stable, process-independent hash of a replica id for rendezvous hashing: two
 /// sidecars (or one after a restart) must pin a prompt to the same replica.
 pub fn replica_id_hash(id: &str) -> u64 {
@@ -118,9 +115,11 @@ pub struct ReplicaTable {
     /// delay, so a lookup that loaded an older table can never attribute a new
     /// replica's entries to the old one.
     free: Vec<(u32, u64)>,
-    /// Each slot's position in replica-id order, so ties sort without comparing
-    /// strings on the lookup path.
+    /// Each slot's position in replica-id order.
     id_rank: Vec<u32>,
+    /// Slots in replica-id order: serving sets list members in this order, so
+    /// ranked rows tie-break on replica id without comparing strings.
+    by_rank: Vec<u32>,
 }
 
 impl ReplicaTable {
@@ -159,12 +158,14 @@ impl ReplicaTable {
             self.by_id.iter().map(|(id, &s)| (id.clone(), s)).collect();
         order.sort();
         self.id_rank = vec![u32::MAX; self.slots.len()];
+        self.by_rank = order.iter().map(|&(_, slot)| slot).collect();
         for (rank, (_, slot)) in order.into_iter().enumerate() {
             self.id_rank[slot as usize] = rank as u32;
         }
     }
 
     /// The slot's position in replica-id order.
+    #[cfg(test)]
     pub(crate) fn id_rank(&self, slot: u32) -> u32 {
         self.id_rank.get(slot as usize).copied().unwrap_or(u32::MAX)
     }
@@ -200,11 +201,10 @@ impl ReplicaTable {
 }
 
 /// servingByScope of one scope at one instant, narrowed by the request's
-/// candidate subset. Members are indexed 0..len in slot order.
+/// candidate subset. Members are indexed 0..len in replica-id order.
 pub(crate) struct ServingSet {
     pub table: Arc<ReplicaTable>,
     pub members: SmallVec<[u32; 32]>,
-    member_of: SmallVec<[u16; 64]>,
     /// The members as a bitset over slots.
     pub slot_bits: SmallVec<[u64; 2]>,
 }
@@ -212,17 +212,15 @@ pub(crate) struct ServingSet {
 impl ServingSet {
     pub fn new(table: Arc<ReplicaTable>, now: u64, ttl: u64, candidates: &[String]) -> Self {
         let mut members = SmallVec::new();
-        let mut member_of: SmallVec<[u16; 64]> = SmallVec::from_elem(NOT_SERVING, table.capacity());
         let mut slot_bits: SmallVec<[u64; 2]> =
             SmallVec::from_elem(0, table.capacity().div_ceil(64).max(1));
         let mut allowed: SmallVec<[u32; 16]> = SmallVec::new();
         if !candidates.is_empty() {
             allowed.extend(candidates.iter().filter_map(|c| table.slot_of(c)));
         }
-        for (slot, replica) in table.iter() {
+        for &slot in &table.by_rank {
             let wanted = candidates.is_empty() || allowed.contains(&slot);
-            if wanted && replica.is_serving(now, ttl) && members.len() < usize::from(NOT_SERVING) {
-                member_of[slot as usize] = members.len() as u16;
+            if wanted && table.get(slot).is_some_and(|r| r.is_serving(now, ttl)) {
                 members.push(slot);
                 slot_bits[slot as usize / 64] |= 1 << (slot % 64);
             }
@@ -230,7 +228,6 @@ impl ServingSet {
         Self {
             table,
             members,
-            member_of,
             slot_bits,
         }
     }
@@ -244,19 +241,14 @@ impl ServingSet {
     }
 
     /// The member index of a slot, if that replica is serving (and a candidate).
-    #[inline]
     pub fn member_of(&self, slot: u32) -> Option<usize> {
-        match self.member_of.get(slot as usize) {
-            Some(&m) if m != NOT_SERVING => Some(usize::from(m)),
-            _ => None,
-        }
-    }
-
-    /// The member's position in replica-id order.
-    pub fn id_rank(&self, member: usize) -> u32 {
-        self.members
-            .get(member)
-            .map_or(u32::MAX, |&s| self.table.id_rank(s))
+        let serving = self
+            .slot_bits
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0);
+        serving
+            .then(|| self.members.iter().position(|&s| s == slot))
+            .flatten()
     }
 
     pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {

@@ -21,6 +21,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
+use super::leading_run::LeadingRuns;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::core::scope::ScopeKey;
@@ -34,6 +35,13 @@ pub(crate) const SWEEP_BATCH: usize = 256;
 
 /// How many blocks of an event are stored or removed per write-lock hold.
 pub(crate) const WRITE_BATCH: usize = 16;
+
+/// What brought a replica in: KV events move its lastEventAt, stats do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Touch {
+    Event,
+    Stats,
+}
 
 /// The result of matching a legacy prefix.
 pub(crate) struct PrefixMatch {
@@ -119,6 +127,7 @@ impl ScopeIndex {
         id: &str,
         endpoint: &str,
         now: u64,
+        touch: Touch,
     ) -> (u32, Arc<ReplicaLive>) {
         let current = self.table.load();
         let found = current
@@ -142,10 +151,20 @@ impl ScopeIndex {
                 (slot, r.unwrap_or_default())
             }),
         };
-        if !endpoint.is_empty() {
+        // Contract §3: a registration stays fresh while the replica sends events
+        // or stats, with or without repeating its endpoint.
+        let registered = !endpoint.is_empty()
+            || self
+                .table
+                .load()
+                .get(slot)
+                .is_some_and(|r| r.registered.is_some());
+        if registered {
             live.registered_at.fetch_max(now, Ordering::Relaxed);
         }
-        live.last_event_at.fetch_max(now, Ordering::Relaxed);
+        if touch == Touch::Event {
+            live.last_event_at.fetch_max(now, Ordering::Relaxed);
+        }
         (slot, live)
     }
 
@@ -444,57 +463,21 @@ impl ScopeIndex {
             return Ok(runs);
         }
         let store = self.read_within(deadline)?;
-        // `alive` = serving replicas holding the whole run so far, as a bitset over
-        // slots: one AND per block (holder masks make it one AND per entry too).
         let words = serving.slot_bits.len();
-        let mut alive: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
-        let mut held: SmallVec<[u64; 2]> = SmallVec::from_elem(0, words);
         let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
-        let mut timed_out = false;
-        let end = store.walk(chain, |i, e| {
-            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
-                timed_out = true;
-                return false;
-            }
-            if !e.is_fresh(now, ttl) {
-                return false;
-            }
-            match e.holders.low_mask() {
-                Some(mask) if words == 1 => held[0] = mask,
-                _ => {
-                    held.iter_mut().for_each(|w| *w = 0);
-                    for slot in e.holders.slots() {
-                        if let Some(w) = held.get_mut(slot as usize / 64) {
-                            *w |= 1 << (slot % 64);
-                        }
-                    }
-                }
-            }
-            let mut any = 0u64;
-            for w in 0..words {
-                let holding = held[w] & serving.slot_bits[w];
-                let kept = if i == 0 { holding } else { alive[w] & holding };
-                let mut dropped = alive[w] & !kept;
-                while dropped != 0 {
-                    let bit = dropped.trailing_zeros() as usize;
-                    slot_runs[w * 64 + bit] = i as u32;
-                    dropped &= dropped - 1;
-                }
-                alive[w] = kept;
-                any |= kept;
-            }
-            any != 0
-        });
-        if timed_out {
-            return Err(Timeout);
-        }
-        for (w, &word) in alive.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let bit = bits.trailing_zeros() as usize;
-                slot_runs[w * 64 + bit] = end as u32;
-                bits &= bits - 1;
-            }
+        let walk = LeadingRuns {
+            store: &store,
+            serving: &serving.slot_bits,
+            now,
+            ttl,
+            deadline,
+        };
+        // One word covers tables of up to 64 replicas, the common case; fixed-size
+        // arrays let the compiler drop the per-word loop there.
+        if words == 1 {
+            walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
+        } else {
+            walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
         }
         for (m, &slot) in serving.members.iter().enumerate() {
             runs[m] = slot_runs[slot as usize];
@@ -529,6 +512,8 @@ impl ScopeIndex {
                     .filter_map(|s| serving.member_of(s))
                     .map(|m| m as u16),
             );
+            // Member order is replica-id order, the ranker's final tie-breaker.
+            out.holders.sort_unstable();
         }
         Ok(out)
     }
@@ -564,7 +549,7 @@ impl ScopeIndex {
 
     /// Test hook: holds the write lock, as a long writer would.
     #[cfg(test)]
-    pub(crate) fn hold_all_shards(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
+    pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
         vec![self.write()]
     }
 }

@@ -662,3 +662,61 @@ fn the_probe_tenant_is_hidden_from_the_view() {
     assert!(v.replicas.iter().all(|r| r.tenant != PROBE_TENANT));
     assert_eq!(v.replicas.len(), 1);
 }
+
+// ----- registration freshness and lastEventAt (contract §3) -----
+
+#[test]
+fn registration_stays_fresh_on_events_without_an_endpoint() {
+    let ix = Index::new(IndexConfig::default());
+    store(&ix, &LRU, "t", "r1", &[1], s(0));
+    // Later events omit the endpoint; the registration must not go stale.
+    for minute in 1..=20u64 {
+        ix.ingest(
+            &IngestBatch {
+                scope: scope("t"),
+                replica_id: "r1",
+                endpoint: "",
+                events: &[stored(&[1])],
+            },
+            &LRU,
+            s(minute * 60),
+        )
+        .expect("well-formed batch");
+    }
+    let view = ix.view(s(20 * 60 + 1), &|_| TTL);
+    assert!(view.replicas[0].serving, "{view:?}");
+}
+
+#[test]
+fn stats_do_not_move_last_event_at() {
+    let ix = Index::new(IndexConfig::default());
+    store(&ix, &LRU, "t", "r1", &[1], s(0));
+    ix.report_stats(
+        &StatsReport {
+            scope: scope("t"),
+            replica_id: "r1",
+            endpoint: "",
+            stats: ReplicaStats::default(),
+        },
+        s(30),
+    )
+    .expect("well-formed report");
+    let view = ix.view(s(31), &|_| TTL);
+    assert_eq!(view.replicas[0].last_event_at, Some(s(0)));
+    assert_eq!(view.replicas[0].stats.map(|(_, at)| at), Some(s(30)));
+}
+
+#[test]
+fn a_running_probe_leaves_the_index_globally_empty_for_real_tenants() {
+    let ix = Index::new(IndexConfig::default());
+    store(&ix, &LRU, PROBE_TENANT, "probe-holder", &[1, 2], s(0));
+    assert!(matches!(
+        ix.classify(scope("acme"), s(1).as_nanos(), TTL),
+        Classified::GloballyEmpty
+    ));
+    // The probe itself sees its own entries.
+    assert!(matches!(
+        ix.classify(scope(PROBE_TENANT), s(1).as_nanos(), TTL),
+        Classified::Known(_)
+    ));
+}

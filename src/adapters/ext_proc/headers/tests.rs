@@ -109,10 +109,12 @@ fn rejects_bad_counts() {
 }
 
 #[test]
-fn rejects_unequal_chain_arrays() {
+fn unequal_chain_arrays_reach_the_core_with_a_note() {
     let got = parse(&[(BLOCK_HASHES, "a,b,c"), (BLOCK_TOKEN_COUNTS, "16,16")]);
+    assert_eq!(got.malformed, None);
+    assert_eq!(got.fields.block_hashes, vec![0xa, 0xb, 0xc]);
     assert_eq!(
-        got.malformed,
+        got.chain_mismatch(),
         Some(MalformedHeader::Unequal {
             hashes: 3,
             counts: 2
@@ -120,12 +122,14 @@ fn rejects_unequal_chain_arrays() {
     );
     let got = parse(&[(BLOCK_HASHES, "a")]);
     assert_eq!(
-        got.malformed,
+        got.chain_mismatch(),
         Some(MalformedHeader::Unequal {
             hashes: 1,
             counts: 0
         })
     );
+    let got = parse(&[(BLOCK_HASHES, "a"), (BLOCK_TOKEN_COUNTS, "16")]);
+    assert_eq!(got.chain_mismatch(), None);
 }
 
 #[test]

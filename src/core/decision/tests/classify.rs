@@ -53,7 +53,7 @@ fn step5_zero_budget_waits_for_the_index() {
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
-            let guards = held.hold_all_shards();
+            let guards = held.hold_writes();
             tx.send(()).expect("test thread waits");
             std::thread::sleep(Duration::from_millis(50));
             let released = Instant::now();

@@ -124,7 +124,7 @@ fn step10_a_floor_downgraded_match_credits_nothing() {
 fn step10_a_timed_out_lookup_credits_nothing() {
     let counts = victims_after(budget(lfu(open())), Pressure::Cap, |router| {
         let held = router.index().scope(acme()).expect("scope exists");
-        let guards = held.hold_all_shards();
+        let guards = held.hold_writes();
         let d = std::thread::scope(|s| {
             s.spawn(|| lookup_now(router, &req(&[10, 11])))
                 .join()

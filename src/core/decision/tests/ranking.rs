@@ -339,3 +339,22 @@ fn step7_tenant_hot_ignores_entries_past_eviction_ttl() {
     let d = lookup_at(&router, &req(&[50]), at(660));
     assert_affinity(&d, &owner(50, &["r1", "r2"]));
 }
+
+#[test]
+fn step7_equal_scores_sort_by_replica_id_on_both_paths() {
+    let router = mk_router(open());
+    // Registered in reverse id order, so slot order disagrees with id order.
+    for r in ["r4", "r3", "r2", "r1"] {
+        register(&router, acme(), r, t0());
+    }
+    store(&router, "r3", &[1, 2]);
+    store(&router, "r2", &[1, 2]);
+    store_legacy(&router, "r4", "p", 32);
+    store_legacy(&router, "r1", "p", 32);
+    // Chain path: r2 and r3 tie (h = 2 of 4: d = 1/2 per block).
+    let d = lookup(&router, &req(&[1, 2]));
+    assert_prefix(&d, &[row("r2", 1.0, 32, 2), row("r3", 1.0, 32, 2)]);
+    // Legacy path: r1 and r4 tie on one block of 32 tokens (d = 1/2).
+    let d = lookup(&router, &legacy("p", 32));
+    assert_prefix(&d, &[row("r1", 1.0, 32, 1), row("r4", 1.0, 32, 1)]);
+}

