@@ -115,8 +115,6 @@ pub struct ReplicaTable {
     /// delay, so a lookup that loaded an older table can never attribute a new
     /// replica's entries to the old one.
     free: Vec<(u32, u64)>,
-    /// Each slot's position in replica-id order.
-    id_rank: Vec<u32>,
     /// Slots in replica-id order: serving sets list members in this order, so
     /// ranked rows tie-break on replica id without comparing strings.
     by_rank: Vec<u32>,
@@ -157,18 +155,9 @@ impl ReplicaTable {
         let mut order: Vec<(Arc<str>, u32)> =
             self.by_id.iter().map(|(id, &s)| (id.clone(), s)).collect();
         order.sort();
-        self.id_rank = vec![u32::MAX; self.slots.len()];
-        self.by_rank = order.iter().map(|&(_, slot)| slot).collect();
-        for (rank, (_, slot)) in order.into_iter().enumerate() {
-            self.id_rank[slot as usize] = rank as u32;
-        }
+        self.by_rank = order.into_iter().map(|(_, slot)| slot).collect();
     }
 
-    /// The slot's position in replica-id order.
-    #[cfg(test)]
-    pub(crate) fn id_rank(&self, slot: u32) -> u32 {
-        self.id_rank.get(slot as usize).copied().unwrap_or(u32::MAX)
-    }
 
     pub(crate) fn insert(&mut self, replica: ReplicaSlot, now: u64) -> u32 {
         let reusable = self
