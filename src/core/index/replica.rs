@@ -158,7 +158,6 @@ impl ReplicaTable {
         self.by_rank = order.into_iter().map(|(_, slot)| slot).collect();
     }
 
-
     pub(crate) fn insert(&mut self, replica: ReplicaSlot, now: u64) -> u32 {
         let reusable = self
             .free
