@@ -35,6 +35,8 @@ use crate::crd::cache_index::{CacheIndex, CacheIndexSpec};
 pub const CACHE_INDEX_NAME: &str = "cluster";
 /// How often statuses are refreshed without a change.
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(10);
+/// The least time between two rounds, however often the cluster changes.
+const MIN_GAP: Duration = Duration::from_secs(1);
 
 /// Writes statuses with one client.
 pub struct Publisher {
@@ -186,6 +188,8 @@ pub async fn run(
         }
         let round = publisher.publish(&current, Timestamp::now()).await;
         tracing::debug!(?round, "statuses published");
+        // Rebuilds can come 10 times a second during a rollout; statuses need not.
+        tokio::time::sleep(MIN_GAP.min(period)).await;
     }
 }
 

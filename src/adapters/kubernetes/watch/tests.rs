@@ -255,3 +255,30 @@ async fn unchanged_objects_do_not_reinstall() {
     .await;
     assert!(r.snapshots.try_recv().is_err(), "no second install");
 }
+
+#[tokio::test]
+async fn a_tenant_moving_namespace_takes_its_id_along() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    scenario.events.insert(
+        "cachetenants",
+        vec![
+            json!({"type": "DELETED", "object": tenant("team-a", "t", 0, "acme")}),
+            json!({"type": "ADDED", "object": tenant("team-b", "t", 20, "acme")}),
+        ],
+    );
+    let mut r = start(scenario);
+    let before = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(before.tenant("acme").namespace, Some("team-a"));
+    r.server.release();
+    let mut after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    while after.tenant("acme").namespace != Some("team-b") {
+        after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    }
+    assert_eq!(
+        after.namespace("team-a").and_then(|n| n.tenant_id.clone()),
+        None
+    );
+}
