@@ -1,9 +1,11 @@
-//! `inferencecache serve`: wires the policy file, the router, the gRPC side
+//! `inferencecache serve`: wires the policy source (a file, or the Kubernetes
+//! watches and the status writer), the router, the gRPC side
 //! (ext_proc + CacheService + health + reflection, one port) and the admin HTTP
 //! side together, and runs them until SIGINT/SIGTERM.
 //!
 //! ```text
-//!  policy_file::watch ──install──▶ Router ◀── ExtProc, CacheApi (tonic, --grpc-addr)
+//!  policy_file::watch ─┐
+//!  kubernetes::watch ──┴install──▶ Router ◀── ExtProc, CacheApi (tonic, --grpc-addr)
 //!                                    ▲  ◀── admin routes (axum, --admin-addr)
 //!             maintain task (1 s) ───┘
 //! ```
@@ -22,11 +24,13 @@ use crate::adapters::admin::{self, AdminState};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
+use crate::adapters::kubernetes::{self, leader::LeaseConfig};
 use crate::adapters::kv_events::supervisor::Subscribers;
 use crate::adapters::metrics::Metrics;
 use crate::adapters::policy_file::{self, SourceStatus};
 use crate::core::Router;
 use crate::core::index::IndexConfig;
+use crate::core::snapshot::PolicySnapshot;
 use crate::core::time::Timestamp;
 use crate::proto::v1::FILE_DESCRIPTOR_SET;
 
@@ -44,9 +48,25 @@ pub struct ServeArgs {
     /// (file mode). Reloaded on change; a bad edit keeps the last good policy.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Watch the CRDs in a Kubernetes cluster (not yet supported).
-    #[arg(long)]
+    /// Watch the CRDs and the engine pods in the Kubernetes cluster (in-cluster
+    /// config or kubeconfig) instead of reading a policy file; the replica holding
+    /// the Lease writes status.
+    #[arg(long, conflicts_with = "config")]
     pub kubernetes: bool,
+    /// Namespace of the status-writer Lease (Kubernetes mode).
+    #[arg(
+        long,
+        value_name = "NS",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
+    pub lease_namespace: String,
+    /// Name of the status-writer Lease (Kubernetes mode).
+    #[arg(long, value_name = "NAME", default_value = LeaseConfig::DEFAULT_NAME)]
+    pub lease_name: String,
+    /// This replica's identity in the Lease; defaults to $POD_NAME, then $HOSTNAME.
+    #[arg(long, value_name = "ID", env = "POD_NAME")]
+    pub lease_identity: Option<String>,
     /// Address of the gRPC server: Envoy ext_proc, inferencecache.v1.CacheService,
     /// gRPC health and reflection, all on one port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
@@ -78,12 +98,9 @@ pub struct ServeArgs {
 
 /// Runs the server until a shutdown signal.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    if args.kubernetes {
-        bail!("--kubernetes is not yet supported; run with --config PATH (file mode)");
+    if args.config.is_none() && !args.kubernetes {
+        bail!("--config PATH (a policy file or directory) or --kubernetes is required");
     }
-    let Some(config_path) = args.config.clone() else {
-        bail!("--config PATH is required (a policy file or directory)");
-    };
     let header = args.destination_header.to_ascii_lowercase();
     if header.is_empty()
         || !header
@@ -96,16 +113,37 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
 
-    // The first load must succeed: there is no last good policy to fall back to.
-    let loaded = policy_file::load(&config_path)
-        .map_err(|e| anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display()))?;
     let now = Timestamp::now();
     let status = Arc::new(SourceStatus::new());
-    status.record_success(loaded.snapshot.revision().clone(), now);
     let index = IndexConfig {
         max_entries: args.index_max_entries,
     };
-    let router = Arc::new(Router::new(index, loaded.snapshot, now));
+    let (router, source_name, policy_source) = match &args.config {
+        Some(config_path) => {
+            // The first load must succeed: there is no last good policy to fall back to.
+            let loaded = policy_file::load(config_path).map_err(|e| {
+                anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display())
+            })?;
+            status.record_success(loaded.snapshot.revision().clone(), now);
+            let router = Arc::new(Router::new(index, loaded.snapshot, now));
+            let watcher = {
+                let router = router.clone();
+                tokio::spawn(policy_file::watch(
+                    config_path.clone(),
+                    Duration::from_millis(args.policy_poll_ms.max(10)),
+                    move |snapshot| router.install(snapshot, Timestamp::now()),
+                    status.clone(),
+                ))
+            };
+            (router, config_path.display().to_string(), vec![watcher])
+        }
+        None => {
+            // Not ready (/readyz) until the first snapshot from the cluster.
+            let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
+            let tasks = start_kubernetes(&args, router.clone(), status.clone()).await?;
+            (router, "kubernetes".to_string(), tasks)
+        }
+    };
     let metrics = Arc::new(Metrics::new(router.clone(), status.clone()));
 
     let grpc_listener = TcpListener::bind(args.grpc_addr)
@@ -115,25 +153,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
 
-    // Engine KV event subscribers follow the declared replicas of each snapshot.
+    // Engine KV event subscribers follow the declared replicas of whichever
+    // snapshot is installed, from the file or from the cluster.
     let subscribers = Arc::new(Subscribers::new(
         router.clone(),
         metrics.kv_events().clone(),
     ));
-    subscribers.sync(&router.snapshot());
-    let watcher = {
-        let router = router.clone();
-        let subscribers = subscribers.clone();
-        tokio::spawn(policy_file::watch(
-            config_path.clone(),
-            Duration::from_millis(args.policy_poll_ms.max(10)),
-            move |snapshot| {
-                router.install(snapshot, Timestamp::now());
-                subscribers.sync(&router.snapshot());
-            },
-            status.clone(),
-        ))
-    };
+    let follower = tokio::spawn(follow_snapshots(router.clone(), subscribers));
     let maintenance = tokio::spawn(maintain(router.clone()));
 
     let ext_proc = ExtProc::new(
@@ -160,7 +186,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("building gRPC reflection")?;
 
     tracing::info!(grpc = %args.grpc_addr, admin = %args.admin_addr,
-        mode = %args.destination_mode, config = %config_path.display(), "serving");
+        mode = %args.destination_mode, policy = %source_name, "serving");
 
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -175,17 +201,85 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             router,
             metrics,
             source: status,
-            source_name: config_path.display().to_string(),
+            source_name,
         }),
     )
     .with_graceful_shutdown(shutdown_signal());
 
     let (grpc, admin) = tokio::join!(grpc, admin);
-    watcher.abort();
+    for task in policy_source {
+        task.abort();
+    }
     maintenance.abort();
+    follower.abort();
     grpc.context("gRPC server")?;
     admin.context("admin server")?;
     Ok(())
+}
+
+/// Kubernetes mode: the watches install snapshots; the Lease holder writes status.
+async fn start_kubernetes(
+    args: &ServeArgs,
+    router: Arc<Router>,
+    status: Arc<SourceStatus>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let client = kube::Client::try_default()
+        .await
+        .context("--kubernetes: no in-cluster config or kubeconfig")?;
+    let (observed_tx, observed_rx) =
+        tokio::sync::watch::channel(Arc::new(kubernetes::watch::Observed::default()));
+    let watches = {
+        let router = router.clone();
+        tokio::spawn(kubernetes::watch::run(
+            client.clone(),
+            kubernetes::watch::DEFAULT_DEBOUNCE,
+            move |snapshot| {
+                let now = Timestamp::now();
+                status.record_success(snapshot.revision().clone(), now);
+                router.install(snapshot, now);
+            },
+            observed_tx,
+        ))
+    };
+    let identity = args
+        .lease_identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("inferencecache-{}", std::process::id()));
+    let leader = kubernetes::leader::elect(
+        client.clone(),
+        LeaseConfig {
+            namespace: args.lease_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity,
+            duration: LeaseConfig::DEFAULT_DURATION,
+            grace: LeaseConfig::DEFAULT_GRACE,
+        },
+    );
+    let publisher = tokio::spawn(kubernetes::publish::run(
+        kubernetes::publish::Publisher::new(client, router),
+        observed_rx,
+        leader,
+        kubernetes::publish::DEFAULT_PERIOD,
+    ));
+    Ok(vec![watches, publisher])
+}
+
+/// Re-syncs the engine event subscribers whenever the installed snapshot's
+/// revision changes.
+async fn follow_snapshots(router: Arc<Router>, subscribers: Arc<Subscribers>) {
+    let mut seen: Option<Arc<str>> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let snapshot = router.snapshot();
+        if seen.as_ref() != Some(snapshot.revision()) {
+            subscribers.sync(&snapshot);
+            seen = Some(snapshot.revision().clone());
+        }
+    }
 }
 
 /// TTL sweep, cap sweep and stale registrations, once a second, off the async
@@ -225,4 +319,33 @@ async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn kubernetes_mode_needs_no_config_and_excludes_it() {
+        let cli = Cli::try_parse_from(["x", "--kubernetes", "--lease-name", "l"]).unwrap();
+        assert!(cli.serve.kubernetes && cli.serve.config.is_none());
+        assert_eq!(cli.serve.lease_name, "l");
+        let both = Cli::try_parse_from(["x", "--kubernetes", "--config", "p.yaml"]);
+        assert!(both.is_err());
+    }
+
+    #[tokio::test]
+    async fn neither_source_is_a_clear_error() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        let e = run(cli.serve).await.unwrap_err().to_string();
+        assert!(e.contains("--config") && e.contains("--kubernetes"), "{e}");
+    }
 }

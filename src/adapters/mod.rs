@@ -3,7 +3,8 @@
 //! ```text
 //!  Envoy ──ext_proc──▶ ext_proc ─┐
 //!  clients ──gRPC───▶ grpc ──────┼──▶ core::Router ◀──install── policy_file (resolve)
-//!  operators ─HTTP──▶ admin ─────┘         │
+//!  operators ─HTTP──▶ admin ─────┘         │  ▲ ◀──────install── kubernetes (resolve)
+//!                                          │  └──view──▶ kubernetes::publish (status)
 //!                     metrics ◀────────────┘ (read at scrape time)
 //! ```
 //!
@@ -11,6 +12,8 @@
 //!   (pure; shared by file mode and Kubernetes).
 //! - [`policy_file`]: the standalone policy source (contract §10): YAML on disk,
 //!   polled and reloaded.
+//! - [`kubernetes`]: the cluster policy source (`serve --kubernetes`): watches into
+//!   snapshots, and the Lease holder's status writer.
 //! - [`admission`]: the validating admission webhook (HTTPS, AdmissionReview v1).
 //! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side.
 
@@ -18,6 +21,7 @@ pub mod admin;
 pub mod admission;
 pub mod ext_proc;
 pub mod grpc;
+pub mod kubernetes;
 pub mod kv_events;
 pub mod metrics;
 pub mod policy_file;

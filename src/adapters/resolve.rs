@@ -19,6 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
@@ -75,11 +76,23 @@ pub struct Resolution {
     pub rejected: Vec<Rejected>,
 }
 
-/// Builds the policy snapshot from the objects of all namespaces.
+/// Builds the policy snapshot from the objects of all namespaces (file mode: no
+/// pods, static endpoints only).
 pub fn resolve(
     policies: &[CachePolicy],
     tenants: &[CacheTenant],
     backends: &[CacheBackend],
+) -> Resolution {
+    resolve_with_pods(policies, tenants, backends, &[])
+}
+
+/// [`resolve`] plus pod discovery: a backend with a `selector` also declares the
+/// ready pods of its namespace that the selector matches (see [`pods`]).
+pub fn resolve_with_pods(
+    policies: &[CachePolicy],
+    tenants: &[CacheTenant],
+    backends: &[CacheBackend],
+    pods: &[Pod],
 ) -> Resolution {
     let mut out = Outcome::default();
 
@@ -110,7 +123,7 @@ pub fn resolve(
 
     let decls = backends
         .iter()
-        .filter_map(|b| resolve_backend(b, &tenant_of, &mut out))
+        .filter_map(|b| resolve_backend(b, &tenant_of, pods, &mut out))
         .collect();
 
     Resolution {
@@ -356,6 +369,7 @@ pub fn resolve_policy(
 fn resolve_backend(
     backend: &CacheBackend,
     tenant_of: &HashMap<String, TenantDecl>,
+    pods: &[Pod],
     out: &mut Outcome,
 ) -> Option<BackendDecl> {
     let meta = &backend.metadata;
@@ -372,7 +386,22 @@ fn resolve_backend(
     let errors_before = out.rejected.len();
     let spec = &backend.spec;
     let block_size = check_spec(spec, meta, out);
-    let replicas = static_replicas(spec, meta, out);
+    let mut replicas = static_replicas(spec, meta, out);
+    if let Some(selector) = &spec.selector {
+        match pods::discovered(ns, selector, spec, pods) {
+            Ok(found) => {
+                // A static endpoint keeps its id; a pod of the same name is skipped.
+                for r in found {
+                    if !replicas.iter().any(|s| s.id == r.id) {
+                        replicas.push(r);
+                    }
+                }
+            }
+            Err(pods::DiscoveryError { field, message }) => {
+                out.reject(BACKEND, meta, field, message)
+            }
+        }
+    }
     if out.rejected.len() > errors_before {
         return None;
     }
@@ -492,6 +521,8 @@ fn host_of(address: &str) -> Option<&str> {
     let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
     (port_ok && !host.is_empty()).then_some(host)
 }
+
+pub mod pods;
 
 #[cfg(test)]
 mod tests;

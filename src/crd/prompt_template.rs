@@ -6,6 +6,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::Condition;
+
 /// Spec of a PromptTemplate.
 // The repeated `printcolumn(type_ = ..)` keys are separate columns, not duplicates.
 #[allow(clippy::duplicated_attributes)]
@@ -70,12 +72,18 @@ pub enum SlotType {
 }
 
 /// Status of a PromptTemplate.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PromptTemplateStatus {
     /// Stable revision identifier for cache invalidation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_revision: Option<String>,
+    /// `PrefixStable`: False when a Mutable slot precedes a Stable slot in the body.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 #[cfg(test)]

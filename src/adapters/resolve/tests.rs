@@ -292,3 +292,61 @@ fn host_of_handles_ipv6_and_rejects_bad_ports() {
     assert_eq!(host_of("a.b:70000"), None);
     assert_eq!(host_of(":80"), None);
 }
+
+fn ready_pod(ns: &str, name: &str, ip: &str, ready: bool) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "llama"}},
+        "status": {"podIP": ip, "conditions": [
+            {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn selector_backends_declare_ready_pods_next_to_static_endpoints() {
+    let b = backend(
+        "team-a",
+        "llama",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s", "targetPort": 8000,
+               "selector": {"matchLabels": {"app": "llama"}},
+               "endpoints": [{"id": "static-0", "address": "10.9.9.9:8000"},
+                             {"id": "pod-a", "address": "10.9.9.8:8000"}]}),
+    );
+    let pods = [
+        ready_pod("team-a", "pod-a", "10.0.0.1", true),
+        ready_pod("team-a", "pod-b", "10.0.0.2", true),
+        ready_pod("team-a", "pod-c", "10.0.0.3", false),
+    ];
+    let r = resolve_with_pods(&[], &[tenant("team-a", "t", None, "acme")], &[b], &pods);
+    assert!(r.rejected.is_empty(), "{:?}", messages(&r));
+    let decl = &r.snapshot.backends()[0];
+    let got: Vec<(&str, &str)> = decl
+        .replicas
+        .iter()
+        .map(|r| (r.id.as_str(), r.address.as_str()))
+        .collect();
+    // The static endpoint keeps its id and address; the not-ready pod is absent.
+    assert_eq!(
+        got,
+        [
+            ("static-0", "10.9.9.9:8000"),
+            ("pod-a", "10.9.9.8:8000"),
+            ("pod-b", "10.0.0.2:8000")
+        ]
+    );
+}
+
+#[test]
+fn a_selector_backend_without_target_port_is_rejected_by_field() {
+    let b = backend(
+        "team-a",
+        "llama",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s",
+               "selector": {"matchLabels": {"app": "llama"}}}),
+    );
+    let r = resolve_with_pods(&[], &[tenant("team-a", "t", None, "acme")], &[b], &[]);
+    assert_eq!(r.rejected.len(), 1);
+    assert_eq!(r.rejected[0].field, "spec.targetPort");
+    assert!(r.snapshot.backends().is_empty());
+}

@@ -1,0 +1,257 @@
+//! Watches → snapshot: reflector stores of every kind the policy is made of, and
+//! a debounced rebuild through [`resolve_with_pods`] on every change.
+//!
+//! ```text
+//!  CachePolicy  ┐ (all namespaces)
+//!  CacheTenant  ├─ watcher ─▶ reflector Store ─┐ any event marks dirty
+//!  CacheBackend ┤                              │ quiet for `debounce`, and the
+//!  Pod          ┘ (all namespaces, trimmed)    │ four stores listed once
+//!  PromptTemplate, PDTopology (status only) ───┤
+//!                                              ▼
+//!        resolve_with_pods(policies, tenants, backends, pods)
+//!          ├─▶ install(snapshot)    only when the revision changed
+//!          └─▶ Observed { objects, verdicts }  for the status publisher
+//! ```
+//!
+//! The stores always hold the cluster's current objects, so deletions, namespace
+//! moves (a delete plus a create), a tenant changing its `tenantID` and several
+//! objects in one namespace need no special cases: the rebuild resolves whatever
+//! is there now (oldest per namespace wins, in `resolve`). Pods are watched in all
+//! namespaces because the selectors are arbitrary; their spec, managed fields and
+//! container statuses are dropped before they are stored.
+
+use std::fmt::Debug;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch as latest;
+
+use super::status::Verdicts;
+use crate::adapters::resolve::{DEFAULT_NAMESPACE, resolve_with_pods};
+use crate::core::snapshot::PolicySnapshot;
+use crate::crd::cache_backend::CacheBackend;
+use crate::crd::cache_policy::CachePolicy;
+use crate::crd::cache_tenant::CacheTenant;
+use crate::crd::pd_topology::PDTopology;
+use crate::crd::prompt_template::PromptTemplate;
+
+/// How long the watches must be quiet before a rebuild (a rollout or a
+/// `kubectl apply -f dir/` is many events; one snapshot follows them).
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// What the last rebuild saw: the objects and what `resolve` made of them.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    pub policies: Vec<Arc<CachePolicy>>,
+    pub tenants: Vec<Arc<CacheTenant>>,
+    pub backends: Vec<Arc<CacheBackend>>,
+    pub templates: Vec<Arc<PromptTemplate>>,
+    pub topologies: Vec<Arc<PDTopology>>,
+    pub verdicts: Verdicts,
+    /// Revision of the snapshot built from these objects.
+    pub revision: String,
+}
+
+/// The reflector stores.
+#[derive(Clone)]
+struct Stores {
+    policies: Store<CachePolicy>,
+    tenants: Store<CacheTenant>,
+    backends: Store<CacheBackend>,
+    pods: Store<Pod>,
+    templates: Store<PromptTemplate>,
+    topologies: Store<PDTopology>,
+}
+
+/// Which watch an event came from; the first four make up the routing policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Policies = 0,
+    Tenants = 1,
+    Backends = 2,
+    Pods = 3,
+    Templates = 4,
+    Topologies = 5,
+}
+
+/// A store event reduced to what the rebuild loop needs.
+enum Signal {
+    /// Something changed (or a relist finished).
+    Changed {
+        listed: bool,
+    },
+    Failed(watcher::Error),
+}
+
+type Signals = Pin<Box<dyn Stream<Item = (Source, Signal)> + Send>>;
+
+fn watch_kind<K>(client: &Client, source: Source, trim: fn(&mut K)) -> (Store<K>, Signals)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(trim);
+    let signals = reflector::reflector(writer, stream).map(move |event| {
+        let signal = match event {
+            Ok(Event::InitDone) => Signal::Changed { listed: true },
+            Ok(_) => Signal::Changed { listed: false },
+            Err(e) => Signal::Failed(e),
+        };
+        (source, signal)
+    });
+    (store, signals.boxed())
+}
+
+/// Managed fields are large and never read.
+fn trim_meta<K: Resource>(k: &mut K) {
+    k.meta_mut().managed_fields = None;
+}
+
+/// A pod is only read for its namespace, name, labels, IP and Ready condition.
+fn trim_pod(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+    p.metadata.annotations = None;
+    p.spec = None;
+    if let Some(s) = p.status.as_mut() {
+        s.container_statuses = None;
+        s.init_container_statuses = None;
+        s.ephemeral_container_statuses = None;
+    }
+}
+
+/// Runs the watches until they end (never, unless the client is gone), calling
+/// `install` with each new snapshot and publishing what was observed.
+pub async fn run(
+    client: Client,
+    debounce: Duration,
+    mut install: impl FnMut(PolicySnapshot) + Send,
+    observed: latest::Sender<Arc<Observed>>,
+) {
+    let (policies, s0) = watch_kind(&client, Source::Policies, trim_meta::<CachePolicy>);
+    let (tenants, s1) = watch_kind(&client, Source::Tenants, trim_meta::<CacheTenant>);
+    let (backends, s2) = watch_kind(&client, Source::Backends, trim_meta::<CacheBackend>);
+    let (pods, s3) = watch_kind(&client, Source::Pods, trim_pod);
+    let (templates, s4) = watch_kind(&client, Source::Templates, trim_meta::<PromptTemplate>);
+    let (topologies, s5) = watch_kind(&client, Source::Topologies, trim_meta::<PDTopology>);
+    let stores = Stores {
+        policies,
+        tenants,
+        backends,
+        pods,
+        templates,
+        topologies,
+    };
+    let mut signals = futures::stream::select_all([s0, s1, s2, s3, s4, s5]);
+
+    let mut listed = [false; 6];
+    let mut dirty_since: Option<tokio::time::Instant> = None;
+    let mut last_revision: Option<String> = None;
+    let mut last_problems: Vec<String> = Vec::new();
+    loop {
+        // The policy is complete once the four routing kinds were listed; the
+        // status-only kinds (whose CRDs may be missing) never hold it back.
+        let ready = listed[..4].iter().all(|l| *l);
+        let due = dirty_since.filter(|_| ready).map(|t| t + debounce);
+        tokio::select! {
+            next = signals.next() => match next {
+                None => return,
+                Some((source, Signal::Changed { listed: done })) => {
+                    if done {
+                        listed[source as usize] = true;
+                    }
+                    // Debounce from the latest event: wait for a quiet period.
+                    dirty_since = Some(tokio::time::Instant::now());
+                }
+                Some((source, Signal::Failed(e))) => {
+                    tracing::warn!(?source, error = %e, "kubernetes watch failed; retrying");
+                }
+            },
+            () = sleep_until(due) => {
+                dirty_since = None;
+                let (snapshot, seen) = rebuild(&stores);
+                let problems: Vec<String> = seen
+                    .verdicts
+                    .rejected
+                    .iter()
+                    .map(ToString::to_string)
+                    .chain(seen.verdicts.ignored.iter().map(ToString::to_string))
+                    .collect();
+                if problems != last_problems {
+                    for p in &problems {
+                        tracing::warn!(problem = %p, "kubernetes policy object left out");
+                    }
+                    last_problems = problems;
+                }
+                if last_revision.as_deref() != Some(seen.revision.as_str()) {
+                    tracing::info!(revision = %seen.revision, "kubernetes policy installed");
+                    last_revision = Some(seen.revision.clone());
+                    install(snapshot);
+                }
+                observed.send_replace(Arc::new(seen));
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn owned<K: Clone>(v: &[Arc<K>]) -> Vec<K> {
+    v.iter().map(|o| (**o).clone()).collect()
+}
+
+/// One snapshot from the stores as they are now.
+fn rebuild(stores: &Stores) -> (PolicySnapshot, Observed) {
+    let policies = stores.policies.state();
+    let tenants = stores.tenants.state();
+    let backends = stores.backends.state();
+    let policy_objs: Vec<CachePolicy> = owned(&policies);
+    let tenant_objs: Vec<CacheTenant> = owned(&tenants);
+    let backend_objs: Vec<CacheBackend> = owned(&backends);
+    // Only pods of namespaces with a selector backend can be replicas.
+    let selecting: std::collections::HashSet<&str> = backend_objs
+        .iter()
+        .filter(|b| b.spec.selector.is_some())
+        .map(|b| b.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
+        .collect();
+    let pods: Vec<Pod> = stores
+        .pods
+        .state()
+        .iter()
+        .filter(|p| {
+            selecting.contains(p.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
+        })
+        .map(|p| (**p).clone())
+        .collect();
+    let resolution = resolve_with_pods(&policy_objs, &tenant_objs, &backend_objs, &pods);
+    let observed = Observed {
+        policies,
+        tenants,
+        backends,
+        templates: stores.templates.state(),
+        topologies: stores.topologies.state(),
+        verdicts: Verdicts {
+            ignored: resolution.ignored,
+            rejected: resolution.rejected,
+        },
+        revision: resolution.snapshot.revision().to_string(),
+    };
+    (resolution.snapshot, observed)
+}
+
+#[cfg(test)]
+mod tests;

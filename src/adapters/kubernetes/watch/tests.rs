@@ -1,0 +1,284 @@
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::adapters::kubernetes::mock::{ApiServer, Scenario, timeout_after_1s};
+
+const API: &str = "inferencecache.io/v1alpha1";
+
+fn obj(kind: &str, ns: &str, name: &str, age: i64, spec: Value) -> Value {
+    let ts = jiff::Timestamp::from_second(1_700_000_000 + age).unwrap();
+    json!({"apiVersion": API, "kind": kind,
+           "metadata": {"name": name, "namespace": ns, "resourceVersion": "1", "generation": 1,
+                        "creationTimestamp": ts.to_string()},
+           "spec": spec})
+}
+
+fn tenant(ns: &str, name: &str, age: i64, id: &str) -> Value {
+    obj("CacheTenant", ns, name, age, json!({"tenantID": id}))
+}
+
+fn pod(ns: &str, name: &str, ip: &str, ready: bool) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "resourceVersion": "1",
+                        "labels": {"app": "llama"}},
+           "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+           "status": {"podIP": ip, "conditions": [
+               {"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+}
+
+fn selector_backend(ns: &str) -> Value {
+    obj(
+        "CacheBackend",
+        ns,
+        "llama",
+        0,
+        json!({
+        "engine": "vLLM", "modelID": "m", "hashScheme": "s", "targetPort": 8000,
+        "selector": {"matchLabels": {"app": "llama"}},
+        "kvEvents": {"port": 5557}}),
+    )
+}
+
+struct Running {
+    server: ApiServer,
+    snapshots: mpsc::UnboundedReceiver<PolicySnapshot>,
+    observed: latest::Receiver<Arc<Observed>>,
+}
+
+fn start(scenario: Scenario) -> Running {
+    let (client, server) = ApiServer::start(scenario);
+    let (tx, snapshots) = mpsc::unbounded_channel();
+    let (otx, observed) = latest::channel(Arc::new(Observed::default()));
+    tokio::spawn(run(
+        client,
+        Duration::from_millis(10),
+        move |s| {
+            let _ = tx.send(s);
+        },
+        otx,
+    ));
+    Running {
+        server,
+        snapshots,
+        observed,
+    }
+}
+
+fn replicas(s: &PolicySnapshot) -> Vec<(String, String, Option<String>)> {
+    s.backends()
+        .iter()
+        .flat_map(|b| b.replicas.iter())
+        .map(|r| {
+            (
+                r.id.clone(),
+                r.address.clone(),
+                r.kv_events_endpoint.clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn lists_and_watches_every_kind_in_all_namespaces() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    let mut r = start(scenario);
+    let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(snapshot.tenant("acme").namespace, Some("team-a"));
+    // Let the watches start after the lists.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let seen = r.server.requests();
+    for path in [
+        "/apis/inferencecache.io/v1alpha1/cachepolicies?",
+        "/apis/inferencecache.io/v1alpha1/cachetenants?",
+        "/apis/inferencecache.io/v1alpha1/cachebackends?",
+        "/api/v1/pods?",
+        "/apis/inferencecache.io/v1alpha1/prompttemplates?",
+        "/apis/inferencecache.io/v1alpha1/pdtopologies?",
+    ] {
+        let of_path: Vec<&str> = seen
+            .iter()
+            .filter(|s| s.method == http::Method::GET && s.uri.starts_with(path))
+            .map(|s| s.uri.as_str())
+            .collect();
+        assert!(
+            of_path.iter().any(|u| !u.contains("watch=true")),
+            "no LIST of {path}: {of_path:?}"
+        );
+        assert!(
+            of_path.iter().any(|u| u.contains("watch=true")),
+            "no WATCH of {path}: {of_path:?}"
+        );
+    }
+    // Nothing but reads, and never a namespaced path (all namespaces).
+    assert!(seen.iter().all(|s| s.method == http::Method::GET));
+    assert!(
+        seen.iter().all(|s| !s.uri.contains("/namespaces/")),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn ready_pods_become_replicas_and_the_oldest_tenant_wins() {
+    let mut scenario = Scenario::default();
+    scenario.lists.insert(
+        "cachetenants",
+        vec![
+            tenant("team-a", "newer", 10, "other"),
+            tenant("team-a", "older", 0, "acme"),
+        ],
+    );
+    scenario
+        .lists
+        .insert("cachebackends", vec![selector_backend("team-a")]);
+    scenario.lists.insert(
+        "pods",
+        vec![
+            pod("team-a", "llama-0", "10.0.0.1", true),
+            pod("team-a", "llama-1", "10.0.0.2", false),
+            pod("team-b", "llama-2", "10.0.0.3", true),
+        ],
+    );
+    let mut r = start(scenario);
+    let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(snapshot.tenant("acme").namespace, Some("team-a"));
+    assert_eq!(snapshot.tenant("other").namespace, None);
+    assert_eq!(
+        replicas(&snapshot),
+        [(
+            "llama-0".to_string(),
+            "10.0.0.1:8000".to_string(),
+            Some("tcp://10.0.0.1:5557".to_string())
+        )]
+    );
+    assert_eq!(&*snapshot.backends()[0].scope.tenant, "acme");
+    let observed = r.observed.borrow().clone();
+    assert_eq!(observed.revision, snapshot.revision().to_string());
+    assert_eq!(observed.verdicts.ignored.len(), 1);
+    assert_eq!(observed.verdicts.ignored[0].name, "newer");
+    assert_eq!(observed.tenants.len(), 2);
+}
+
+#[tokio::test]
+async fn changes_rebuild_deletion_tenant_id_change_and_pod_readiness() {
+    let mut scenario = Scenario::default();
+    scenario.lists.insert(
+        "cachepolicies",
+        vec![obj(
+            "CachePolicy",
+            "team-a",
+            "p",
+            0,
+            json!({"eviction": "LFU"}),
+        )],
+    );
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    scenario
+        .lists
+        .insert("cachebackends", vec![selector_backend("team-a")]);
+    scenario
+        .lists
+        .insert("pods", vec![pod("team-a", "llama-0", "10.0.0.1", false)]);
+    let mut modified_tenant = tenant("team-a", "t", 0, "acme-2");
+    modified_tenant["metadata"]["resourceVersion"] = json!("2");
+    scenario.events.insert(
+        "cachetenants",
+        vec![json!({"type": "MODIFIED", "object": modified_tenant})],
+    );
+    scenario.events.insert(
+        "cachepolicies",
+        vec![json!({"type": "DELETED",
+                     "object": obj("CachePolicy", "team-a", "p", 0, json!({"eviction": "LFU"}))})],
+    );
+    scenario.events.insert(
+        "pods",
+        vec![json!({"type": "MODIFIED", "object": pod("team-a", "llama-0", "10.0.0.1", true)})],
+    );
+    let mut r = start(scenario);
+
+    let before = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(before.tenant("acme").namespace, Some("team-a"));
+    assert_eq!(
+        before.namespace("team-a").unwrap().policy_name.as_deref(),
+        Some("p")
+    );
+    assert!(replicas(&before).is_empty(), "the pod is not ready yet");
+
+    r.server.release();
+    // Events may arrive in one or several debounce windows; wait for the last.
+    let mut after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    while !(after.tenant("acme-2").namespace.is_some()
+        && after
+            .namespace("team-a")
+            .and_then(|n| n.policy_name.clone())
+            .is_none()
+        && !replicas(&after).is_empty())
+    {
+        after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    }
+    assert_eq!(after.tenant("acme").namespace, None, "the old id is gone");
+    assert_eq!(&*after.backends()[0].scope.tenant, "acme-2");
+    assert_eq!(replicas(&after)[0].0, "llama-0");
+}
+
+#[tokio::test]
+async fn unchanged_objects_do_not_reinstall() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    // A status-only change of the same object: same snapshot revision.
+    let mut same = tenant("team-a", "t", 0, "acme");
+    same["metadata"]["resourceVersion"] = json!("2");
+    same["status"] = json!({"indexEntries": 3});
+    scenario.events.insert(
+        "cachetenants",
+        vec![json!({"type": "MODIFIED", "object": same})],
+    );
+    let mut r = start(scenario);
+    timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    r.server.release();
+    timeout_after_1s(async {
+        loop {
+            r.observed.changed().await.unwrap();
+            let o = r.observed.borrow().clone();
+            if o.tenants.iter().any(|t| t.status.is_some()) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(r.snapshots.try_recv().is_err(), "no second install");
+}
+
+#[tokio::test]
+async fn a_tenant_moving_namespace_takes_its_id_along() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    scenario.events.insert(
+        "cachetenants",
+        vec![
+            json!({"type": "DELETED", "object": tenant("team-a", "t", 0, "acme")}),
+            json!({"type": "ADDED", "object": tenant("team-b", "t", 20, "acme")}),
+        ],
+    );
+    let mut r = start(scenario);
+    let before = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(before.tenant("acme").namespace, Some("team-a"));
+    r.server.release();
+    let mut after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    while after.tenant("acme").namespace != Some("team-b") {
+        after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    }
+    assert_eq!(
+        after.namespace("team-a").and_then(|n| n.tenant_id.clone()),
+        None
+    );
+}
