@@ -8,7 +8,9 @@
 //! random sequences until 10% of the stored blocks are gone.
 //!
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
-//! repeats one lookup N times (for a profiler).
+//! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
+//! the concurrent writer write to another scope (separates lock contention from
+//! memory interference).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -264,6 +266,11 @@ fn main() {
         std::thread::spawn(move || {
             let mut rng = Rng(7);
             let mut n = 0usize;
+            let scope = if std::env::var("IC_BENCH_WRITER_OTHER_SCOPE").is_ok() {
+                ScopeRef::new("other", MODEL, SCHEME)
+            } else {
+                scope
+            };
             while !stop.load(Ordering::Relaxed) {
                 let hashes = sequence(SEQUENCES + n, 99);
                 let r = rng.below(REPLICAS);

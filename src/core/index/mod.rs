@@ -12,7 +12,7 @@
 //!
 //! Locking, in the only order ever taken: a tenant's writer lock, then a scope's
 //! store lock (lookups take only the store's read lock, once). So a tenant's ingest
-//! never waits for another tenant's, and readers wait at most for one batch of 16
+//! never waits for another tenant's, and readers wait at most for one batch of 4
 //! blocks written or 256 keys swept, since writers release the lock between batches.
 //!
 //! Stamps: each stored entry gets a per-tenant strictly increasing nanosecond stamp
@@ -24,6 +24,7 @@ mod entry;
 pub mod event;
 mod eviction;
 mod leading_run;
+mod lock;
 mod replica;
 pub mod scope;
 mod store;

@@ -17,11 +17,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
 use super::leading_run::LeadingRuns;
+use super::lock::ReaderFirst;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::core::scope::ScopeKey;
@@ -34,7 +35,7 @@ pub(crate) struct Timeout;
 pub(crate) const SWEEP_BATCH: usize = 256;
 
 /// How many blocks of an event are stored or removed per write-lock hold.
-pub(crate) const WRITE_BATCH: usize = 16;
+pub(crate) const WRITE_BATCH: usize = 4;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub(crate) struct PrefixMatch {
 /// One scope of the index.
 pub struct ScopeIndex {
     pub(crate) key: ScopeKey,
-    store: Padded<RwLock<Store>>,
+    store: Padded<ReaderFirst<Store>>,
     table: ArcSwap<ReplicaTable>,
     table_lock: Mutex<()>,
     entries: AtomicU64,
@@ -251,6 +252,16 @@ impl ScopeIndex {
         }
     }
 
+    /// Touches a batch's table entries under the read lock, which lookups share,
+    /// so the write lock that follows finds them in cache and is held for less
+    /// time: a lookup waits behind a writer's batch, not behind its cache misses.
+    fn warm(&self, hashes: &[u64]) {
+        let store = self.read();
+        for &h in hashes {
+            std::hint::black_box(store.block(h));
+        }
+    }
+
     /// Stores a run of blocks for `slot` (the event's parent first, if any).
     /// Block `i` gets stamp `stamp_of(i)`. Returns how many new entries were created.
     pub(crate) fn insert_blocks(
@@ -264,6 +275,7 @@ impl ScopeIndex {
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
         let mut prev = parent;
         for (c, chunk) in hashes.chunks(WRITE_BATCH).enumerate() {
+            self.warm(chunk);
             let mut store = self.write();
             for (j, &h) in chunk.iter().enumerate() {
                 let i = c * WRITE_BATCH + j;
@@ -335,6 +347,7 @@ impl ScopeIndex {
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
         let (mut removed, mut released) = (0u64, 0u64);
         for chunk in hashes.chunks(WRITE_BATCH) {
+            self.warm(chunk);
             let mut store = self.write();
             for &h in chunk {
                 let key = EntryKey::Block(h);
