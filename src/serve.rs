@@ -49,9 +49,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// Watch the CRDs and the engine pods in the Kubernetes cluster (in-cluster
-    /// config or kubeconfig) instead of reading a policy file; the replica holding
-    /// the Lease writes status.
-    #[arg(long, conflicts_with = "config")]
+    /// config or kubeconfig); the replica holding the Lease writes status. With
+    /// --config as well, the file's objects are resolved together with the
+    /// cluster's (where both define a namespace's policy or tenant, the cluster's
+    /// object wins).
+    #[arg(long)]
     pub kubernetes: bool,
     /// Namespace of the status-writer Lease (Kubernetes mode).
     #[arg(
@@ -119,6 +121,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_entries: args.index_max_entries,
     };
     let (router, source_name, policy_source) = match &args.config {
+        Some(config_path) if args.kubernetes => {
+            // Validate the file up front, as in file mode; then feed its objects
+            // to the cluster watcher, which resolves both and installs.
+            let loaded = policy_file::load(config_path).map_err(|e| {
+                anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display())
+            })?;
+            let (file_tx, file_rx) = tokio::sync::watch::channel(Arc::new(loaded.objects));
+            let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
+            let mut tasks =
+                start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
+            tasks.push(tokio::spawn(policy_file::watch_loaded(
+                config_path.clone(),
+                Duration::from_millis(args.policy_poll_ms.max(10)),
+                move |l: policy_file::Loaded| {
+                    file_tx.send_replace(Arc::new(l.objects));
+                },
+                status.clone(),
+            )));
+            let name = format!("kubernetes + {}", config_path.display());
+            (router, name, tasks)
+        }
         Some(config_path) => {
             // The first load must succeed: there is no last good policy to fall back to.
             let loaded = policy_file::load(config_path).map_err(|e| {
@@ -140,7 +163,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => {
             // Not ready (/readyz) until the first snapshot from the cluster.
             let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
-            let tasks = start_kubernetes(&args, router.clone(), status.clone()).await?;
+            // No file objects: the sender goes at once, and the watcher stops
+            // listening for them.
+            let (_, file_rx) = tokio::sync::watch::channel(Arc::default());
+            let tasks = start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
             (router, "kubernetes".to_string(), tasks)
         }
     };
@@ -222,6 +248,7 @@ async fn start_kubernetes(
     args: &ServeArgs,
     router: Arc<Router>,
     status: Arc<SourceStatus>,
+    file: tokio::sync::watch::Receiver<Arc<policy_file::FileObjects>>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let client = kube::Client::try_default()
         .await
@@ -239,6 +266,7 @@ async fn start_kubernetes(
                 router.install(snapshot, now);
             },
             observed_tx,
+            file,
         ))
     };
     let identity = args
@@ -334,12 +362,13 @@ mod tests {
     }
 
     #[test]
-    fn kubernetes_mode_needs_no_config_and_excludes_it() {
+    fn kubernetes_mode_needs_no_config_and_accepts_one() {
         let cli = Cli::try_parse_from(["x", "--kubernetes", "--lease-name", "l"]).unwrap();
         assert!(cli.serve.kubernetes && cli.serve.config.is_none());
         assert_eq!(cli.serve.lease_name, "l");
-        let both = Cli::try_parse_from(["x", "--kubernetes", "--config", "p.yaml"]);
-        assert!(both.is_err());
+        // Contract §11: the CRDs "instead of / as well as" a file.
+        let both = Cli::try_parse_from(["x", "--kubernetes", "--config", "p.yaml"]).unwrap();
+        assert!(both.serve.kubernetes && both.serve.config.is_some());
     }
 
     #[tokio::test]

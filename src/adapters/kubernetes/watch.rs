@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch as latest;
 
 use super::status::Verdicts;
+use crate::adapters::policy_file::FileObjects;
 use crate::adapters::resolve::{DEFAULT_NAMESPACE, resolve_with_pods};
 use crate::core::snapshot::PolicySnapshot;
 use crate::crd::cache_backend::CacheBackend;
@@ -131,11 +132,17 @@ fn trim_pod(p: &mut Pod) {
 
 /// Runs the watches until they end (never, unless the client is gone), calling
 /// `install` with each new snapshot and publishing what was observed.
+///
+/// `file` carries the objects of a policy file given with `--config` as well
+/// (empty otherwise): they are resolved together with the cluster's, and where
+/// both define a namespace's policy or tenant, the cluster's (dated) object is
+/// the older one and wins.
 pub async fn run(
     client: Client,
     debounce: Duration,
     mut install: impl FnMut(PolicySnapshot) + Send,
     observed: latest::Sender<Arc<Observed>>,
+    mut file: latest::Receiver<Arc<FileObjects>>,
 ) {
     let (policies, s0) = watch_kind(&client, Source::Policies, trim_meta::<CachePolicy>);
     let (tenants, s1) = watch_kind(&client, Source::Tenants, trim_meta::<CacheTenant>);
@@ -153,6 +160,7 @@ pub async fn run(
     };
     let mut signals = futures::stream::select_all([s0, s1, s2, s3, s4, s5]);
 
+    let mut file_open = true;
     let mut listed = [false; 6];
     let mut dirty_since: Option<tokio::time::Instant> = None;
     let mut last_revision: Option<String> = None;
@@ -176,9 +184,15 @@ pub async fn run(
                     tracing::warn!(?source, error = %e, "kubernetes watch failed; retrying");
                 }
             },
+            changed = file_changed(&mut file, file_open) => match changed {
+                true => dirty_since = Some(tokio::time::Instant::now()),
+                // The file source is gone: keep its last objects, stop listening.
+                false => file_open = false,
+            },
             () = sleep_until(due) => {
                 dirty_since = None;
-                let (snapshot, seen) = rebuild(&stores);
+                let extra = file.borrow().clone();
+                let (snapshot, seen) = rebuild(&stores, &extra);
                 let problems: Vec<String> = seen
                     .verdicts
                     .rejected
@@ -203,6 +217,14 @@ pub async fn run(
     }
 }
 
+/// Whether the file source sent new objects; never resolves once it is closed.
+async fn file_changed(file: &mut latest::Receiver<Arc<FileObjects>>, open: bool) -> bool {
+    if !open {
+        std::future::pending::<()>().await;
+    }
+    file.changed().await.is_ok()
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -215,13 +237,16 @@ fn owned<K: Clone>(v: &[Arc<K>]) -> Vec<K> {
 }
 
 /// One snapshot from the stores as they are now.
-fn rebuild(stores: &Stores) -> (PolicySnapshot, Observed) {
+fn rebuild(stores: &Stores, file: &FileObjects) -> (PolicySnapshot, Observed) {
     let policies = stores.policies.state();
     let tenants = stores.tenants.state();
     let backends = stores.backends.state();
-    let policy_objs: Vec<CachePolicy> = owned(&policies);
-    let tenant_objs: Vec<CacheTenant> = owned(&tenants);
-    let backend_objs: Vec<CacheBackend> = owned(&backends);
+    let mut policy_objs: Vec<CachePolicy> = owned(&policies);
+    let mut tenant_objs: Vec<CacheTenant> = owned(&tenants);
+    let mut backend_objs: Vec<CacheBackend> = owned(&backends);
+    policy_objs.extend(file.policies.iter().cloned());
+    tenant_objs.extend(file.tenants.iter().cloned());
+    backend_objs.extend(file.backends.iter().cloned());
     // Only pods of namespaces with a selector backend can be replicas.
     let selecting: std::collections::HashSet<&str> = backend_objs
         .iter()

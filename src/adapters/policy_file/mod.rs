@@ -26,9 +26,12 @@ use thiserror::Error;
 
 use crate::adapters::resolve::{Ignored, resolve};
 use crate::core::snapshot::PolicySnapshot;
+use crate::crd::cache_backend::CacheBackend;
+use crate::crd::cache_policy::CachePolicy;
+use crate::crd::cache_tenant::CacheTenant;
 
 pub use document::{Object, Origin};
-pub use watch::{SourceStatus, watch};
+pub use watch::{SourceStatus, watch, watch_loaded};
 
 /// One configuration file, read whole.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -43,6 +46,17 @@ pub struct Loaded {
     pub snapshot: PolicySnapshot,
     /// Objects that are valid but not effective (a sibling is older).
     pub ignored: Vec<Ignored>,
+    /// The routing objects themselves, for `serve --config --kubernetes`, where
+    /// they are resolved together with the cluster's.
+    pub objects: FileObjects,
+}
+
+/// The routing objects of a configuration file or directory.
+#[derive(Clone, Debug, Default)]
+pub struct FileObjects {
+    pub policies: Vec<CachePolicy>,
+    pub tenants: Vec<CacheTenant>,
+    pub backends: Vec<CacheBackend>,
 }
 
 /// Why a load failed: every problem found, one per line.
@@ -160,6 +174,11 @@ pub fn parse(sources: &[Source]) -> Result<Loaded, LoadError> {
     Ok(Loaded {
         snapshot: resolution.snapshot,
         ignored: resolution.ignored,
+        objects: FileObjects {
+            policies,
+            tenants,
+            backends,
+        },
     })
 }
 

@@ -78,13 +78,31 @@ impl SourceStatus {
     }
 }
 
-/// Loads `path` now, then every `interval` reloads it if its content changed.
-/// A good load is handed to `on_snapshot`; a bad one is recorded in `status` and
-/// otherwise ignored. Runs until the task is dropped.
+/// Polls `path` every `interval`; on a change reloads it. A good load is handed
+/// to `on_snapshot` and recorded in `status`; a bad one leaves the last good
+/// snapshot in place and is recorded in `status`.
 pub async fn watch(
     path: PathBuf,
     interval: Duration,
     on_snapshot: impl Fn(PolicySnapshot) + Send + Sync + 'static,
+    status: Arc<SourceStatus>,
+) {
+    let recorder = status.clone();
+    let on_load = move |l: Loaded| {
+        let revision = l.snapshot.revision().clone();
+        on_snapshot(l.snapshot);
+        recorder.record_success(revision, Timestamp::now());
+    };
+    watch_loaded(path, interval, on_load, status).await;
+}
+
+/// [`watch`], handing over the whole [`Loaded`] (objects included). Only errors
+/// are recorded in `status`: what a good load means is the caller's to record
+/// (with `--kubernetes` as well, only the combined snapshot counts).
+pub async fn watch_loaded(
+    path: PathBuf,
+    interval: Duration,
+    on_load: impl Fn(Loaded) + Send + Sync + 'static,
     status: Arc<SourceStatus>,
 ) {
     let mut last: Option<u64> = None;
@@ -95,7 +113,7 @@ pub async fn watch(
         match polled {
             Ok((fp, Some(outcome))) => {
                 last = Some(fp);
-                apply(outcome, &on_snapshot, &status);
+                apply(outcome, &on_load, &status);
             }
             Ok((_, None)) => {}
             Err(e) => status.record_error(format!("policy reload task failed: {e}")),
@@ -130,17 +148,12 @@ fn poll(path: &std::path::Path, seen: Option<u64>) -> (u64, Option<Result<Loaded
     }
 }
 
-fn apply(
-    outcome: Result<Loaded, LoadError>,
-    on_snapshot: &impl Fn(PolicySnapshot),
-    status: &SourceStatus,
-) {
+fn apply(outcome: Result<Loaded, LoadError>, on_load: &impl Fn(Loaded), status: &SourceStatus) {
     match outcome {
         Ok(loaded) => {
             let revision = loaded.snapshot.revision().clone();
             tracing::info!(target: "inferencecache::policy_file", %revision, "policy loaded");
-            on_snapshot(loaded.snapshot);
-            status.record_success(revision, Timestamp::now());
+            on_load(loaded);
         }
         Err(e) => {
             tracing::warn!(target: "inferencecache::policy_file", error = %e,

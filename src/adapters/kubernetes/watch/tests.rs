@@ -47,6 +47,11 @@ struct Running {
 }
 
 fn start(scenario: Scenario) -> Running {
+    let (_, no_file) = latest::channel(Arc::default());
+    start_with_file(scenario, no_file)
+}
+
+fn start_with_file(scenario: Scenario, file: latest::Receiver<Arc<FileObjects>>) -> Running {
     let (client, server) = ApiServer::start(scenario);
     let (tx, snapshots) = mpsc::unbounded_channel();
     let (otx, observed) = latest::channel(Arc::new(Observed::default()));
@@ -57,6 +62,7 @@ fn start(scenario: Scenario) -> Running {
             let _ = tx.send(s);
         },
         otx,
+        file,
     ));
     Running {
         server,
@@ -281,4 +287,41 @@ async fn a_tenant_moving_namespace_takes_its_id_along() {
         after.namespace("team-a").and_then(|n| n.tenant_id.clone()),
         None
     );
+}
+
+/// `serve --config --kubernetes`: the file's objects join the cluster's; in a
+/// namespace both define, the cluster's (dated, so older) tenant wins; a file
+/// change rebuilds.
+#[tokio::test]
+async fn file_objects_are_resolved_with_the_cluster() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    let undated = |v: Value| -> CacheTenant {
+        let mut t: CacheTenant = serde_json::from_value(v).unwrap();
+        t.metadata.creation_timestamp = None;
+        t
+    };
+    let file = FileObjects {
+        tenants: vec![
+            undated(tenant("team-a", "from-file", 0, "shadow")),
+            undated(tenant("team-f", "from-file", 0, "filed")),
+        ],
+        ..FileObjects::default()
+    };
+    let (file_tx, file_rx) = latest::channel(Arc::new(file.clone()));
+    let mut r = start_with_file(scenario, file_rx);
+    let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(snapshot.tenant("acme").namespace, Some("team-a"));
+    assert_eq!(snapshot.tenant("filed").namespace, Some("team-f"));
+    assert_eq!(snapshot.tenant("shadow").namespace, None);
+
+    // The file changes: the next snapshot follows it.
+    let mut edited = file;
+    edited.tenants[1] = undated(tenant("team-f", "from-file", 0, "renamed"));
+    file_tx.send_replace(Arc::new(edited));
+    let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(snapshot.tenant("renamed").namespace, Some("team-f"));
+    assert_eq!(snapshot.tenant("filed").namespace, None);
 }
