@@ -51,7 +51,7 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
         return Ranking::NoMatch;
     }
     // holders_through[i] = h_i, from a histogram of run lengths.
-    let mut ending: SmallVec<[u32; 72]> = SmallVec::from_elem(0, max_run + 1);
+    let mut ending = zeros(max_run + 1);
     for &m in runs {
         ending[m as usize] += 1;
     }
@@ -62,8 +62,8 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
     let mut sum = (0.0f64, 0u64);
     let mut prefix: SmallVec<[(f64, u64); 72]> = SmallVec::with_capacity(max_run + 1);
     prefix.push(sum);
-    let counts = token_counts.iter().copied().chain(std::iter::repeat(0));
-    prefix.extend(counts.zip(&ending[1..]).map(|(t, &ended)| {
+    prefix.extend(ending[1..].iter().enumerate().map(|(i, &ended)| {
+        let t = token_counts.get(i).copied().unwrap_or(0);
         let d = 1.0 - f64::from(holding) * inv_n;
         sum.0 += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
         sum.1 += u64::from(t);
@@ -88,6 +88,16 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
             }),
     );
     finish(&mut rows, floors)
+}
+
+/// `len` zeroed counters, on the stack for chains of up to 71 blocks. A memset,
+/// where `SmallVec::from_elem` writes element by element.
+fn zeros(len: usize) -> SmallVec<[u32; 72]> {
+    if len <= 72 {
+        SmallVec::from_buf_and_len([0; 72], len)
+    } else {
+        SmallVec::from_vec(vec![0; len])
+    }
 }
 
 /// Ranks the legacy exact-prefix path: every holder matched one block of
