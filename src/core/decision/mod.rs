@@ -210,7 +210,7 @@ fn finish(
     let slots = rows
         .into_iter()
         .map(|r| ScoredSlot {
-            slot: serving.members[r.member],
+            slot: serving.members()[r.member],
             score: r.score,
             matched_tokens: r.matched_tokens,
             matched_blocks: r.matched_blocks,

@@ -28,6 +28,7 @@ impl LeadingRuns<'_> {
     /// Fills `slot_runs[slot]` with the run length of every serving slot (others
     /// are left alone). `alive` and `held` are scratch bitsets of the serving
     /// set's width.
+    #[inline]
     pub fn run<B: AsMut<[u64]> + AsRef<[u64]>>(
         &self,
         mut alive: B,

@@ -117,6 +117,7 @@ impl ScopeIndex {
         let _guard = self.table_lock.lock();
         let mut table = ReplicaTable::clone(&self.table.load());
         let out = f(&mut table);
+        table.seal();
         self.table.store(Arc::new(table));
         out
     }
@@ -476,11 +477,11 @@ impl ScopeIndex {
             return Ok(runs);
         }
         let store = self.read_within(deadline)?;
-        let words = serving.slot_bits.len();
+        let words = serving.slot_bits().len();
         let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
         let walk = LeadingRuns {
             store: &store,
-            serving: &serving.slot_bits,
+            serving: serving.slot_bits(),
             now,
             ttl,
             deadline,
@@ -492,7 +493,7 @@ impl ScopeIndex {
         } else {
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
         }
-        for (m, &slot) in serving.members.iter().enumerate() {
+        for (m, &slot) in serving.members().iter().enumerate() {
             runs[m] = slot_runs[slot as usize];
         }
         Ok(runs)
