@@ -472,9 +472,8 @@ impl ScopeIndex {
         ttl: u64,
         deadline: Option<Instant>,
     ) -> Result<SmallVec<[u32; 32]>, Timeout> {
-        let mut runs: SmallVec<[u32; 32]> = SmallVec::from_elem(0, serving.len());
         if serving.is_empty() || chain.is_empty() {
-            return Ok(runs);
+            return Ok(SmallVec::from_elem(0, serving.len()));
         }
         let store = self.read_within(deadline)?;
         let words = serving.slot_bits().len();
@@ -493,10 +492,11 @@ impl ScopeIndex {
         } else {
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
         }
-        for (m, &slot) in serving.members().iter().enumerate() {
-            runs[m] = slot_runs[slot as usize];
-        }
-        Ok(runs)
+        Ok(serving
+            .members()
+            .iter()
+            .map(|&slot| slot_runs[slot as usize])
+            .collect())
     }
 
     /// The serving members holding a legacy prefix, and its stored token count.
