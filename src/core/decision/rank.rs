@@ -73,20 +73,18 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
     // Sized for every member up front: a filtered `collect` would grow (and
     // reallocate) the vector row by row.
     let mut rows: Vec<Row> = Vec::with_capacity(n);
-    rows.extend(
-        runs.iter()
-            .enumerate()
-            .filter(|&(_, &m)| m > 0)
-            .map(|(member, &m)| {
-                let (score, tokens) = prefix[m as usize];
-                Row {
-                    member,
-                    score,
-                    matched_tokens: clamp_u32(tokens),
-                    matched_blocks: m,
-                }
-            }),
-    );
+    for (member, &m) in runs.iter().enumerate() {
+        if m == 0 {
+            continue;
+        }
+        let (score, tokens) = prefix[m as usize];
+        rows.push(Row {
+            member,
+            score,
+            matched_tokens: clamp_u32(tokens),
+            matched_blocks: m,
+        });
+    }
     finish(&mut rows, floors)
 }
 
