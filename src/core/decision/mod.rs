@@ -207,10 +207,11 @@ fn finish(
     serving: ServingSet,
 ) -> Decision {
     // Same size and alignment: `collect` reuses the ranker's allocation.
+    let members = serving.members();
     let slots = rows
         .into_iter()
         .map(|r| ScoredSlot {
-            slot: serving.members[r.member],
+            slot: members[r.member],
             score: r.score,
             matched_tokens: r.matched_tokens,
             matched_blocks: r.matched_blocks,

@@ -51,37 +51,51 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
         return Ranking::NoMatch;
     }
     // holders_through[i] = h_i, from a histogram of run lengths.
-    let mut ending: SmallVec<[u32; 72]> = SmallVec::from_elem(0, max_run + 1);
+    let mut ending = zeros(max_run + 1);
     for &m in runs {
         ending[m as usize] += 1;
     }
-    // Prefix sums over the blocks: score and tokens of holding the first i blocks.
-    let mut prefix_score: SmallVec<[f64; 72]> = SmallVec::from_elem(0.0, max_run + 1);
-    let mut prefix_tokens: SmallVec<[u64; 72]> = SmallVec::from_elem(0, max_run + 1);
+    // Prefix sums over the blocks: (score, tokens) of holding the first i blocks.
+    // Built by `extend`, which writes each element once (no zero fill first).
     let inv_n = 1.0 / n as f64;
-    let (mut score, mut tokens) = (0.0f64, 0u64);
     let mut holding = n as u32 - ending[0];
-    for i in 0..max_run {
+    let mut sum = (0.0f64, 0u64);
+    let mut prefix: SmallVec<[(f64, u64); 72]> = SmallVec::with_capacity(max_run + 1);
+    prefix.push(sum);
+    prefix.extend(ending[1..].iter().enumerate().map(|(i, &ended)| {
         let t = token_counts.get(i).copied().unwrap_or(0);
         let d = 1.0 - f64::from(holding) * inv_n;
-        score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
-        tokens += u64::from(t);
-        prefix_score[i + 1] = score;
-        prefix_tokens[i + 1] = tokens;
-        holding -= ending[i + 1];
-    }
-    let mut rows: Vec<Row> = runs
-        .iter()
-        .enumerate()
-        .filter(|&(_, &m)| m > 0)
-        .map(|(member, &m)| Row {
+        sum.0 += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+        sum.1 += u64::from(t);
+        holding -= ended;
+        sum
+    }));
+    // Sized for every member up front: a filtered `collect` would grow (and
+    // reallocate) the vector row by row.
+    let mut rows: Vec<Row> = Vec::with_capacity(n);
+    for (member, &m) in runs.iter().enumerate() {
+        if m == 0 {
+            continue;
+        }
+        let (score, tokens) = prefix[m as usize];
+        rows.push(Row {
             member,
-            score: prefix_score[m as usize],
-            matched_tokens: clamp_u32(prefix_tokens[m as usize]),
+            score,
+            matched_tokens: clamp_u32(tokens),
             matched_blocks: m,
-        })
-        .collect();
+        });
+    }
     finish(&mut rows, floors)
+}
+
+/// `len` zeroed counters, on the stack for chains of up to 71 blocks. A memset,
+/// where `SmallVec::from_elem` writes element by element.
+fn zeros(len: usize) -> SmallVec<[u32; 72]> {
+    if len <= 72 {
+        SmallVec::from_buf_and_len([0; 72], len)
+    } else {
+        SmallVec::from_vec(vec![0; len])
+    }
 }
 
 /// Ranks the legacy exact-prefix path: every holder matched one block of

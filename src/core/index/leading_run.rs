@@ -28,6 +28,7 @@ impl LeadingRuns<'_> {
     /// Fills `slot_runs[slot]` with the run length of every serving slot (others
     /// are left alone). `alive` and `held` are scratch bitsets of the serving
     /// set's width.
+    #[inline]
     pub fn run<B: AsMut<[u64]> + AsRef<[u64]>>(
         &self,
         mut alive: B,
@@ -36,6 +37,8 @@ impl LeadingRuns<'_> {
         slot_runs: &mut [u32],
     ) -> Result<(), Timeout> {
         let (alive_w, held_w) = (alive.as_mut(), held.as_mut());
+        // Same width as the scratch sets, so the per-word loop has a known length.
+        let serving = &self.serving[..alive_w.len()];
         let mut timed_out = false;
         let end = self.store.walk(chain, |i, e| {
             if i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
@@ -52,7 +55,7 @@ impl LeadingRuns<'_> {
             for (w, ((a, h), s)) in alive_w
                 .iter_mut()
                 .zip(held_w.iter())
-                .zip(self.serving)
+                .zip(serving)
                 .enumerate()
             {
                 let holding = h & s;

@@ -118,6 +118,27 @@ pub struct ReplicaTable {
     /// Slots in replica-id order: serving sets list members in this order, so
     /// ranked rows tie-break on replica id without comparing strings.
     by_rank: Vec<u32>,
+    /// servingByScope without a candidate subset while every registered replica
+    /// is fresh, so lookups need not rebuild it. Set by [`ReplicaTable::seal`],
+    /// cleared by every mutation.
+    everyone: Option<Everyone>,
+}
+
+/// The replicas that can serve (declared or registered), and the registered-only
+/// ones among them: those serve only while their registration is fresh.
+#[derive(Clone, Debug)]
+struct Everyone {
+    members: Members,
+    registered_only: Vec<Arc<ReplicaLive>>,
+}
+
+impl Everyone {
+    /// Every member serves at `now`: declared ones always, the others while fresh.
+    fn all_serving(&self, now: u64, ttl: u64) -> bool {
+        self.registered_only
+            .iter()
+            .all(|l| now.saturating_sub(l.registered_at.load(Ordering::Relaxed)) <= ttl)
+    }
 }
 
 impl ReplicaTable {
@@ -133,6 +154,7 @@ impl ReplicaTable {
     }
 
     pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut ReplicaSlot> {
+        self.everyone = None;
         self.slots.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
@@ -151,7 +173,27 @@ impl ReplicaTable {
         self.slots.len()
     }
 
+    /// Precomputes the unnarrowed serving set; call before publishing a new
+    /// version.
+    pub(crate) fn seal(&mut self) {
+        let mut everyone = Everyone {
+            members: Members::for_table(self),
+            registered_only: Vec::new(),
+        };
+        for &slot in &self.by_rank {
+            let Some(r) = self.get(slot) else { continue };
+            if r.declared.is_some() {
+                everyone.members.push(slot);
+            } else if r.registered.is_some() {
+                everyone.members.push(slot);
+                everyone.registered_only.push(r.live.clone());
+            }
+        }
+        self.everyone = Some(everyone);
+    }
+
     fn rerank(&mut self) {
+        self.everyone = None;
         let mut order: Vec<(Arc<str>, u32)> =
             self.by_id.iter().map(|(id, &s)| (id.clone(), s)).collect();
         order.sort();
@@ -188,20 +230,46 @@ impl ReplicaTable {
     }
 }
 
+/// Member slots in replica-id order, and the same slots as a bitset.
+#[derive(Clone, Debug)]
+pub(crate) struct Members {
+    pub slots: SmallVec<[u32; 32]>,
+    pub bits: SmallVec<[u64; 2]>,
+}
+
+impl Members {
+    fn for_table(table: &ReplicaTable) -> Self {
+        Self {
+            slots: SmallVec::new(),
+            bits: SmallVec::from_elem(0, table.capacity().div_ceil(64).max(1)),
+        }
+    }
+
+    fn push(&mut self, slot: u32) {
+        self.slots.push(slot);
+        self.bits[slot as usize / 64] |= 1 << (slot % 64);
+    }
+}
+
 /// servingByScope of one scope at one instant, narrowed by the request's
 /// candidate subset. Members are indexed 0..len in replica-id order.
 pub(crate) struct ServingSet {
     pub table: Arc<ReplicaTable>,
-    pub members: SmallVec<[u32; 32]>,
-    /// The members as a bitset over slots.
-    pub slot_bits: SmallVec<[u64; 2]>,
+    /// `None`: the table's precomputed set of everyone.
+    own: Option<Members>,
 }
 
 impl ServingSet {
     pub fn new(table: Arc<ReplicaTable>, now: u64, ttl: u64, candidates: &[String]) -> Self {
-        let mut members = SmallVec::new();
-        let mut slot_bits: SmallVec<[u64; 2]> =
-            SmallVec::from_elem(0, table.capacity().div_ceil(64).max(1));
+        if candidates.is_empty()
+            && table
+                .everyone
+                .as_ref()
+                .is_some_and(|e| e.all_serving(now, ttl))
+        {
+            return Self { table, own: None };
+        }
+        let mut members = Members::for_table(&table);
         let mut allowed: SmallVec<[u32; 16]> = SmallVec::new();
         if !candidates.is_empty() {
             allowed.extend(candidates.iter().filter_map(|c| table.slot_of(c)));
@@ -210,36 +278,51 @@ impl ServingSet {
             let wanted = candidates.is_empty() || allowed.contains(&slot);
             if wanted && table.get(slot).is_some_and(|r| r.is_serving(now, ttl)) {
                 members.push(slot);
-                slot_bits[slot as usize / 64] |= 1 << (slot % 64);
             }
         }
         Self {
             table,
-            members,
-            slot_bits,
+            own: Some(members),
         }
     }
 
+    fn set(&self) -> Option<&Members> {
+        match &self.own {
+            Some(own) => Some(own),
+            None => self.table.everyone.as_ref().map(|e| &e.members),
+        }
+    }
+
+    /// The member slots, in replica-id order.
+    pub fn members(&self) -> &[u32] {
+        self.set().map_or(&[], |m| &m.slots)
+    }
+
+    /// The members as a bitset over slots.
+    pub fn slot_bits(&self) -> &[u64] {
+        self.set().map_or(&[], |m| &m.bits)
+    }
+
     pub fn len(&self) -> usize {
-        self.members.len()
+        self.members().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
+        self.members().is_empty()
     }
 
     /// The member index of a slot, if that replica is serving (and a candidate).
     pub fn member_of(&self, slot: u32) -> Option<usize> {
         let serving = self
-            .slot_bits
+            .slot_bits()
             .get(slot as usize / 64)
             .is_some_and(|w| w & (1 << (slot % 64)) != 0);
         serving
-            .then(|| self.members.iter().position(|&s| s == slot))
+            .then(|| self.members().iter().position(|&s| s == slot))
             .flatten()
     }
 
     pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {
-        self.members.get(member).and_then(|&s| self.table.get(s))
+        self.members().get(member).and_then(|&s| self.table.get(s))
     }
 }

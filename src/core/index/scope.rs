@@ -117,6 +117,7 @@ impl ScopeIndex {
         let _guard = self.table_lock.lock();
         let mut table = ReplicaTable::clone(&self.table.load());
         let out = f(&mut table);
+        table.seal();
         self.table.store(Arc::new(table));
         out
     }
@@ -471,16 +472,15 @@ impl ScopeIndex {
         ttl: u64,
         deadline: Option<Instant>,
     ) -> Result<SmallVec<[u32; 32]>, Timeout> {
-        let mut runs: SmallVec<[u32; 32]> = SmallVec::from_elem(0, serving.len());
         if serving.is_empty() || chain.is_empty() {
-            return Ok(runs);
+            return Ok(SmallVec::from_elem(0, serving.len()));
         }
         let store = self.read_within(deadline)?;
-        let words = serving.slot_bits.len();
+        let words = serving.slot_bits().len();
         let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
         let walk = LeadingRuns {
             store: &store,
-            serving: &serving.slot_bits,
+            serving: serving.slot_bits(),
             now,
             ttl,
             deadline,
@@ -492,10 +492,11 @@ impl ScopeIndex {
         } else {
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
         }
-        for (m, &slot) in serving.members.iter().enumerate() {
-            runs[m] = slot_runs[slot as usize];
-        }
-        Ok(runs)
+        Ok(serving
+            .members()
+            .iter()
+            .map(|&slot| slot_runs[slot as usize])
+            .collect())
     }
 
     /// The serving members holding a legacy prefix, and its stored token count.
