@@ -167,11 +167,7 @@ mod tests {
     use serde_json::json;
 
     fn mk(spec: serde_json::Value) -> CacheBackend {
-        serde_json::from_value(json!({
-            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
-            "metadata": {"name": "b", "namespace": "ns"}, "spec": spec,
-        }))
-        .unwrap()
+        crate::crd::mk_object(spec)
     }
 
     #[test]

@@ -181,11 +181,7 @@ mod tests {
     use serde_json::json;
 
     fn mk(spec: serde_json::Value) -> CachePolicy {
-        serde_json::from_value(json!({
-            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CachePolicy",
-            "metadata": {"name": "p", "namespace": "ns"}, "spec": spec,
-        }))
-        .unwrap()
+        crate::crd::mk_object(spec)
     }
 
     #[test]

@@ -31,6 +31,20 @@ pub mod prompt_template;
 #[cfg(test)]
 mod schema_tests;
 
+/// Test fixture shared by the kinds' tests: an object of kind `K` named `obj` in
+/// namespace `ns` with the given spec, deserialized as the apiserver would hand it.
+#[cfg(test)]
+pub(crate) fn mk_object<K>(spec: serde_json::Value) -> K
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": K::api_version(&()), "kind": K::kind(&()),
+        "metadata": {"name": "obj", "namespace": "ns"}, "spec": spec,
+    }))
+    .expect("a well-formed test object")
+}
+
 /// The standard Kubernetes condition, shared by every status.
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 

@@ -125,11 +125,7 @@ mod tests {
     use serde_json::json;
 
     fn mk(spec: serde_json::Value) -> PDTopology {
-        serde_json::from_value(json!({
-            "apiVersion": "inferencecache.io/v1alpha1", "kind": "PDTopology",
-            "metadata": {"name": "t", "namespace": "ns"}, "spec": spec,
-        }))
-        .unwrap()
+        crate::crd::mk_object(spec)
     }
 
     #[test]
