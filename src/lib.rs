@@ -9,3 +9,4 @@ pub mod core;
 pub mod crd;
 pub mod proto;
 pub mod serve;
+pub mod sim;
