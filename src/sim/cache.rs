@@ -100,12 +100,14 @@ impl PrefixCache {
         if block_size == 0 {
             return Err(CacheError::ZeroBlockSize);
         }
+        // Preallocated up to a bound: a huge capacity is a limit, not a size.
+        let reserve = capacity_blocks.min(1 << 20);
         Ok(Self {
             block_size,
             capacity: capacity_blocks,
             none_hash: vllm_none_hash(hash_seed),
-            slots: HashMap::with_capacity(capacity_blocks),
-            nodes: Vec::with_capacity(capacity_blocks),
+            slots: HashMap::with_capacity(reserve),
+            nodes: Vec::with_capacity(reserve),
             free: Vec::new(),
             front: NIL,
             back: NIL,
