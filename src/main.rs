@@ -6,6 +6,7 @@ use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
 use inferencecache::sim::engine::{self as sim_engine, EngineArgs};
+use inferencecache::sim::bench::{self, BenchArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
 #[derive(Parser)]
@@ -28,6 +29,9 @@ enum Command {
     /// Run one simulated inference engine (prefix KV cache, vLLM KV events, cost
     /// model) for the routing benchmark; prints its bound addresses as JSON.
     SimEngine(EngineArgs),
+    /// Compare routers (round-robin, random, least-request, inferencecache, an oracle)
+    /// on simulated engines through a real Envoy: hit rate, TTFT, throughput, balance.
+    BenchRouting(BenchArgs),
 }
 
 #[tokio::main]
@@ -50,5 +54,6 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Webhook(args) => admission::run(args).await,
         Command::SimEngine(args) => sim_engine::run(args).await,
+        Command::BenchRouting(args) => bench::run(args).await,
     }
 }
