@@ -173,7 +173,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         || {
             let (http, url) = (http.clone(), format!("{admin_url}/metrics"));
             let n = engines.len() as f64;
-            async move { metric(&http, &url, "kv_events_connects_total{kind=\"ok\"}").await >= n }
+            async move { metric(&http, &url, "inferencecache_kv_events_connects_total{kind=\"ok\"}").await >= n }
         },
     )
     .await?;
@@ -353,7 +353,7 @@ spec:
 /// engine's AllBlocksCleared, so each run starts cold on both sides.
 async fn reset(http: &Http, engines: &[EngineRef], admin_url: &str) -> anyhow::Result<()> {
     let url = format!("{admin_url}/metrics");
-    let series = "kv_events_resets_total{kind=\"engine\"}";
+    let series = "inferencecache_kv_events_resets_total{kind=\"engine\"}";
     let before = metric(http, &url, series).await;
     for e in engines {
         let reply = http
