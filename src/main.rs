@@ -5,8 +5,8 @@ use inferencecache::adapters::admission::{self, WebhookArgs};
 use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
-use inferencecache::sim::engine::{self as sim_engine, EngineArgs};
 use inferencecache::sim::bench::{self, BenchArgs};
+use inferencecache::sim::engine::{self as sim_engine, EngineArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
 #[derive(Parser)]

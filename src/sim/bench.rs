@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::json;
 
+use super::chart;
 use super::drive::{self, EngineRef, MODEL, SCHEME, TENANT};
 use super::engine::{self, EngineConfig, EngineHandle};
 use super::envoy;
@@ -24,7 +25,6 @@ use super::process::{Proc, find_envoy, free_addr, wait_until};
 use super::report::{RunSummary, table};
 use super::router::Router;
 use super::workload::Workload;
-use super::chart;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -173,7 +173,15 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         || {
             let (http, url) = (http.clone(), format!("{admin_url}/metrics"));
             let n = engines.len() as f64;
-            async move { metric(&http, &url, "inferencecache_kv_events_connects_total{kind=\"ok\"}").await >= n }
+            async move {
+                metric(
+                    &http,
+                    &url,
+                    "inferencecache_kv_events_connects_total{kind=\"ok\"}",
+                )
+                .await
+                    >= n
+            }
         },
     )
     .await?;
@@ -250,7 +258,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     );
     let failed: usize = json_runs.iter().map(|r| r.errors).sum();
     if failed > 0 {
-        bail!("{failed} requests failed (see the table and the logs in {})", args.out.display());
+        bail!(
+            "{failed} requests failed (see the table and the logs in {})",
+            args.out.display()
+        );
     }
     Ok(())
 }
@@ -341,8 +352,8 @@ spec:
         );
     }
     if let Some(path) = cache_policy {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         out.push_str("---\n");
         out.push_str(&text);
     }
@@ -437,8 +448,17 @@ mod tests {
     #[test]
     fn external_engine_specs_parse_or_say_what_is_expected() {
         let e = parse_external("a=http://10.0.0.5:8000,tcp://10.0.0.5:5557").unwrap();
-        assert_eq!((e.id.as_str(), e.http.port(), e.events.as_str()), ("a", 8000, "tcp://10.0.0.5:5557"));
-        for bad in ["a", "a=http://x:1", "=http://1.2.3.4:1,tcp://1.2.3.4:2", "a=1.2.3.4:1,tcp://x:2", "a=http://1.2.3.4:1,udp://x"] {
+        assert_eq!(
+            (e.id.as_str(), e.http.port(), e.events.as_str()),
+            ("a", 8000, "tcp://10.0.0.5:5557")
+        );
+        for bad in [
+            "a",
+            "a=http://x:1",
+            "=http://1.2.3.4:1,tcp://1.2.3.4:2",
+            "a=1.2.3.4:1,tcp://x:2",
+            "a=http://1.2.3.4:1,udp://x",
+        ] {
             let err = parse_external(bad).unwrap_err().to_string();
             assert!(err.contains("expected ID="), "{bad}: {err}");
         }
@@ -447,8 +467,18 @@ mod tests {
     #[test]
     fn the_policy_file_names_every_engine_and_parses() {
         let engines = vec![
-            Engine { id: "engine-0".into(), http: "127.0.0.1:1".parse().unwrap(), events: "tcp://127.0.0.1:2".into(), simulated: true },
-            Engine { id: "engine-1".into(), http: "127.0.0.1:3".parse().unwrap(), events: "tcp://127.0.0.1:4".into(), simulated: true },
+            Engine {
+                id: "engine-0".into(),
+                http: "127.0.0.1:1".parse().unwrap(),
+                events: "tcp://127.0.0.1:2".into(),
+                simulated: true,
+            },
+            Engine {
+                id: "engine-1".into(),
+                http: "127.0.0.1:3".parse().unwrap(),
+                events: "tcp://127.0.0.1:4".into(),
+                simulated: true,
+            },
         ];
         let yaml = policy_yaml(&engines, None).unwrap();
         let source = crate::adapters::policy_file::Source {

@@ -35,7 +35,10 @@ fn draw<DB: DrawingBackend>(
     for (i, (workload, runs)) in workloads.iter().enumerate() {
         let names: Vec<&str> = runs.iter().map(|r| r.router.as_str()).collect();
         let mut bars = ChartBuilder::on(&rows[2 * i])
-            .caption(format!("{workload}: prefix-cache hit rate (%)"), ("sans-serif", 18))
+            .caption(
+                format!("{workload}: prefix-cache hit rate (%)"),
+                ("sans-serif", 18),
+            )
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(40)
@@ -62,7 +65,10 @@ fn draw<DB: DrawingBackend>(
             .flat_map(|r| r.ttfts_ms.last().copied())
             .fold(1.0f64, f64::max);
         let mut cdf = ChartBuilder::on(&rows[2 * i + 1])
-            .caption(format!("{workload}: TTFT CDF (ms, log)"), ("sans-serif", 18))
+            .caption(
+                format!("{workload}: TTFT CDF (ms, log)"),
+                ("sans-serif", 18),
+            )
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(40)
@@ -78,7 +84,9 @@ fn draw<DB: DrawingBackend>(
                 .map(|(k, &t)| (t.max(0.5), (k + 1) as f64 / n));
             cdf.draw_series(LineSeries::new(points, color.stroke_width(2)))?
                 .label(r.router.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         cdf.configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)

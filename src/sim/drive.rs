@@ -108,7 +108,12 @@ pub async fn run(
     let by_addr: Arc<HashMap<String, String>> = Arc::new(
         engines
             .iter()
-            .map(|e| (e.base.trim_start_matches("http://").to_string(), e.id.clone()))
+            .map(|e| {
+                (
+                    e.base.trim_start_matches("http://").to_string(),
+                    e.id.clone(),
+                )
+            })
             .collect(),
     );
     let engines: Arc<Vec<EngineRef>> = Arc::new(engines.to_vec());

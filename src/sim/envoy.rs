@@ -151,9 +151,14 @@ mod tests {
 
     #[test]
     fn the_oracle_has_no_listener() {
-        let err = config(&[(Router::Oracle, addr(1))], &[addr(10)], addr(20), addr(30))
-            .unwrap_err()
-            .to_string();
+        let err = config(
+            &[(Router::Oracle, addr(1))],
+            &[addr(10)],
+            addr(20),
+            addr(30),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("oracle"), "{err}");
     }
 }

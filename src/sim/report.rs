@@ -74,7 +74,11 @@ impl RunSummary {
             ttft_p50_ms: percentile(&ttfts, 0.50),
             ttft_p90_ms: percentile(&ttfts, 0.90),
             ttft_p99_ms: percentile(&ttfts, 0.99),
-            throughput_rps: if secs > 0.0 { s.len() as f64 / secs } else { 0.0 },
+            throughput_rps: if secs > 0.0 {
+                s.len() as f64 / secs
+            } else {
+                0.0
+            },
             imbalance: if mean > 0.0 { max / mean } else { 0.0 },
             per_engine,
             peak_queue,
@@ -144,8 +148,16 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
             let reasons: Vec<String> = ic.reasons.iter().map(|(k, v)| format!("{k} {v}")).collect();
             let _ = writeln!(out, "inferencecache decisions: {}.", reasons.join(", "));
         }
-        let per: Vec<String> = ic.per_engine.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let _ = writeln!(out, "inferencecache requests per engine: {}.", per.join(", "));
+        let per: Vec<String> = ic
+            .per_engine
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "inferencecache requests per engine: {}.",
+            per.join(", ")
+        );
     }
     out
 }
@@ -211,6 +223,9 @@ mod tests {
         assert_eq!(s.per_engine["c"], 0);
         assert_eq!(s.reasons["PREFIX_MATCH"], 3);
         let t = table("w", "d", &[s]);
-        assert!(t.contains("| inferencecache | 50.0% | 20.0 | 30.0 | 30.0 | 1.5 | 2.00 | 4 | 1 |"), "{t}");
+        assert!(
+            t.contains("| inferencecache | 50.0% | 20.0 | 30.0 | 30.0 | 1.5 | 2.00 | 4 | 1 |"),
+            "{t}"
+        );
     }
 }

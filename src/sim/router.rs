@@ -71,6 +71,11 @@ mod tests {
         for r in Router::ALL {
             assert_eq!(Router::parse(r.name()).unwrap(), r);
         }
-        assert!(Router::parse("p2c").unwrap_err().to_string().contains("least-request"));
+        assert!(
+            Router::parse("p2c")
+                .unwrap_err()
+                .to_string()
+                .contains("least-request")
+        );
     }
 }
