@@ -11,7 +11,7 @@ import subprocess
 
 from conftest import envoy_binary, sidecar_binary
 
-ROUTERS = ["round-robin", "random", "least-request", "inferencecache", "oracle"]
+ROUTERS = ["round-robin", "random", "least-request", "inferencecache", "inferencecache-tuned", "oracle"]
 WORKLOADS = ["shared-prefix", "multi-turn", "rag"]
 
 
@@ -50,7 +50,7 @@ def test_bench_routing_smoke(tmp_path):
         assert 0.0 < r["ttft_p50_ms"] <= r["ttft_p90_ms"] <= r["ttft_p99_ms"], label
         assert sum(r["per_engine"].values()) == r["requests"], label
         assert set(r["per_engine"]) == {"engine-0", "engine-1"}, label
-        if r["router"] == "inferencecache":
+        if r["router"].startswith("inferencecache"):
             # Every request was decided by the sidecar (debug header echoed).
             assert sum(r["reasons"].values()) == r["requests"], label
         else:

@@ -17,14 +17,14 @@ use clap::Args;
 use serde_json::json;
 
 use super::chart;
-use super::drive::{self, EngineRef, MODEL, SCHEME, TENANT};
+use super::drive::{self, EngineRef, MODEL, SCHEME};
 use super::engine::{self, EngineConfig, EngineHandle};
 use super::envoy;
 use super::http::Http;
 use super::process::{Proc, find_envoy, free_addr, wait_until};
 use super::report::{RunSummary, table};
 use super::router::Router;
-use super::workload::Workload;
+use super::workload::{Fleet, Workload};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -43,6 +43,12 @@ pub struct BenchArgs {
     /// Divide every workload's request count by this (a smoke run).
     #[arg(long, default_value_t = 1)]
     pub shrink: u32,
+    /// Multiply every workload's requests over the same prefixes (longer runs).
+    #[arg(long, default_value_t = 1)]
+    pub scale: u32,
+    /// Arrival rate as a fraction of what the fleet serves with no cache hits.
+    #[arg(long, default_value_t = 0.85)]
+    pub load: f64,
     /// Where results.md, results.json and chart.svg (and the logs) go.
     #[arg(long, default_value = "target/bench-routing")]
     pub out: PathBuf,
@@ -73,7 +79,16 @@ pub struct BenchArgs {
 
 const BLOCK_SIZE: u32 = 16;
 
+/// The `inferencecache-tuned` row's CachePolicy spec: no TENANT_HOT (a prompt no
+/// replica holds goes to affinity, not to the tenant's busiest replica), and a
+/// matched-tokens floor just above the longest prefix the workloads share across
+/// unrelated requests (256-token system prompt or RAG header), so a shared header
+/// alone never pins traffic. docs/benchmarks.md shows each knob's effect.
+pub const TUNED_POLICY_SPEC: &str =
+    "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
+
 /// One engine under test: where it serves and where it publishes events.
+#[derive(Debug)]
 struct Engine {
     id: String,
     http: SocketAddr,
@@ -97,8 +112,15 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let workloads = args
         .workloads
         .iter()
-        .map(|w| Ok(Workload::default_of(w)?.shrunk(args.shrink)))
+        .map(|w| {
+            Ok(Workload::default_of(w)?
+                .scaled(args.scale)
+                .shrunk(args.shrink))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if !(args.load > 0.0 && args.load.is_finite()) {
+        bail!("--load must be a positive fraction, not {}", args.load);
+    }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let envoy_bin = find_envoy(args.envoy.as_deref())?;
@@ -111,8 +133,14 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 
     // The sidecar, on a policy file naming the engines.
     let policy = args.out.join("policy.yaml");
-    std::fs::write(&policy, policy_yaml(&engines, args.cache_policy.as_ref())?)
-        .with_context(|| format!("writing {}", policy.display()))?;
+    let tenants = tenants(&routers);
+    // Each tenant has its own subscriber per engine.
+    let subscribers = engines.len() * tenants.len();
+    std::fs::write(
+        &policy,
+        policy_yaml(&engines, &tenants, args.cache_policy.as_ref())?,
+    )
+    .with_context(|| format!("writing {}", policy.display()))?;
     let (grpc, admin) = (free_addr()?, free_addr()?);
     let exe = std::env::current_exe().context("locating the inferencecache binary")?;
     let mut sidecar = Proc::spawn(
@@ -172,7 +200,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Duration::from_secs(20),
         || {
             let (http, url) = (http.clone(), format!("{admin_url}/metrics"));
-            let n = engines.len() as f64;
+            let n = subscribers as f64;
             async move {
                 metric(
                     &http,
@@ -199,11 +227,23 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let mut results: Vec<(String, Vec<RunSummary>)> = Vec::new();
     let mut report = String::new();
     for workload in &workloads {
-        let schedule = workload.generate(args.seed, engines.len());
-        let prepared = Arc::new(drive::prepare(schedule, BLOCK_SIZE)?);
+        let fleet = Fleet {
+            engines: engines.len(),
+            max_running: args.max_running,
+            prefill_us_per_token: args.prefill_us_per_token,
+            decode_us_per_token: args.decode_us_per_token,
+        };
+        let schedule = workload.generate(args.seed, &fleet, args.load);
+        let describe = format!(
+            "{}; {:.1} req/s ({} × the fleet's no-cache capacity)",
+            workload.describe(),
+            schedule.rate,
+            args.load
+        );
+        let prepared = Arc::new(drive::prepare(schedule.requests, BLOCK_SIZE)?);
         let mut runs = Vec::new();
         for &router in &routers {
-            reset(&http, &refs, &admin_url).await?;
+            reset(&http, &refs, &admin_url, subscribers).await?;
             let listener = listeners
                 .iter()
                 .find(|(r, _)| *r == router)
@@ -229,7 +269,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             );
             runs.push(summary);
         }
-        let t = table(workload.name(), &workload.describe(), &runs);
+        let t = table(workload.name(), &describe, &runs);
         println!("\n{t}");
         report.push_str(&t);
         report.push('\n');
@@ -324,17 +364,37 @@ fn parse_external(spec: &str) -> anyhow::Result<Engine> {
     })
 }
 
-fn policy_yaml(engines: &[Engine], cache_policy: Option<&PathBuf>) -> anyhow::Result<String> {
-    let mut out = format!(
-        "apiVersion: inferencecache.io/v1alpha1
+/// The tenants the sidecar serves: one per inferencecache variant under test
+/// (always `bench`, the default policy's).
+fn tenants(routers: &[Router]) -> Vec<Router> {
+    let mut out = vec![Router::InferenceCache];
+    if routers.contains(&Router::InferenceCacheTuned) {
+        out.push(Router::InferenceCacheTuned);
+    }
+    out
+}
+
+/// The sidecar's configuration: per tenant a namespace with its CacheTenant, its
+/// CachePolicy (none for the defaults) and a CacheBackend naming every engine.
+fn policy_yaml(
+    engines: &[Engine],
+    tenants: &[Router],
+    cache_policy: Option<&PathBuf>,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for &variant in tenants {
+        let ns = variant.tenant();
+        let _ = write!(
+            out,
+            "apiVersion: inferencecache.io/v1alpha1
 kind: CacheTenant
-metadata: {{ name: bench, namespace: bench }}
+metadata: {{ name: {ns}, namespace: {ns} }}
 spec:
-  tenantID: {TENANT}
+  tenantID: {ns}
 ---
 apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
-metadata: {{ name: sim-model, namespace: bench }}
+metadata: {{ name: sim-model, namespace: {ns} }}
 spec:
   engine: vLLM
   modelID: {MODEL}
@@ -342,27 +402,49 @@ spec:
   blockSize: {BLOCK_SIZE}
   endpoints:
 ",
-        SCHEME.name()
-    );
-    for e in engines {
-        let _ = writeln!(
-            out,
-            "    - {{ id: {}, address: \"{}\", kvEventsEndpoint: \"{}\" }}",
-            e.id, e.http, e.events
+            SCHEME.name()
         );
-    }
-    if let Some(path) = cache_policy {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        for e in engines {
+            let _ = writeln!(
+                out,
+                "    - {{ id: {}, address: \"{}\", kvEventsEndpoint: \"{}\" }}",
+                e.id, e.http, e.events
+            );
+        }
         out.push_str("---\n");
-        out.push_str(&text);
+        match variant {
+            Router::InferenceCacheTuned => {
+                let _ = writeln!(
+                    out,
+                    "apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{ name: default, namespace: {ns} }}
+spec:
+  {TUNED_POLICY_SPEC}
+---"
+                );
+            }
+            _ => {
+                if let Some(path) = cache_policy {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    out.push_str(text.trim_end());
+                    out.push_str("\n---\n");
+                }
+            }
+        }
     }
     Ok(out)
 }
 
 /// Clears every engine's cache and waits until the sidecar has applied every
 /// engine's AllBlocksCleared, so each run starts cold on both sides.
-async fn reset(http: &Http, engines: &[EngineRef], admin_url: &str) -> anyhow::Result<()> {
+async fn reset(
+    http: &Http,
+    engines: &[EngineRef],
+    admin_url: &str,
+    subscribers: usize,
+) -> anyhow::Result<()> {
     let url = format!("{admin_url}/metrics");
     let series = "inferencecache_kv_events_resets_total{kind=\"engine\"}";
     let before = metric(http, &url, series).await;
@@ -374,7 +456,7 @@ async fn reset(http: &Http, engines: &[EngineRef], admin_url: &str) -> anyhow::R
             bail!("{}: /reset_prefix_cache answered {}", e.id, reply.status);
         }
     }
-    let want = before + engines.len() as f64;
+    let want = before + subscribers as f64;
     for _ in 0..200 {
         if metric(http, &url, series).await >= want {
             return Ok(());
@@ -480,13 +562,31 @@ mod tests {
                 simulated: true,
             },
         ];
-        let yaml = policy_yaml(&engines, None).unwrap();
+        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None).unwrap();
         let source = crate::adapters::policy_file::Source {
             path: "policy.yaml".into(),
             text: yaml.clone(),
         };
         let loaded = crate::adapters::policy_file::parse(&[source]);
         assert!(loaded.is_ok(), "{yaml}\n{:?}", loaded.err());
+        let loaded = loaded.unwrap();
+        assert_eq!(loaded.snapshot.backends().len(), 2, "{yaml}");
+        let hot = |t: &str| loaded.snapshot.tenant(t).policy.strategy.enable_tenant_hot;
+        assert!(hot("bench"));
+        assert!(!hot("bench-tuned"));
+        assert_eq!(
+            loaded
+                .snapshot
+                .tenant("bench-tuned")
+                .policy
+                .minimum_matched_tokens,
+            320
+        );
+        assert_eq!(
+            loaded.snapshot.namespace_of("bench-tuned"),
+            Some("bench-tuned")
+        );
         assert!(yaml.contains("kvEventsEndpoint: \"tcp://127.0.0.1:4\""));
+        assert!(yaml.contains("enableTenantHot: false"));
     }
 }

@@ -21,8 +21,7 @@ use super::workload::Request;
 use crate::adapters::ext_proc::headers;
 use crate::core::chain::{Scheme, compute_chain, header_value};
 
-/// The scope every benchmark request is in.
-pub const TENANT: &str = "bench";
+/// The model and hash scheme of every benchmark request (the tenant is the router's).
 pub const MODEL: &str = "sim-model";
 pub const SCHEME: Scheme = Scheme::ContentV1;
 
@@ -54,7 +53,6 @@ pub fn prepare(schedule: Vec<Request>, block_size: u32) -> anyhow::Result<Vec<Pr
                 "max_tokens": request.max_tokens,
             });
             let headers = vec![
-                (headers::TENANT, TENANT.to_string()),
                 (headers::MODEL, MODEL.to_string()),
                 (headers::HASH_SCHEME, SCHEME.name().to_string()),
                 (headers::BLOCK_HASHES, header_value(&chain)),
@@ -135,7 +133,7 @@ pub async fn run(
                 Some(url) => url,
                 None => format!("{}/v1/completions", oracle_pick(&http, &engines, p).await?),
             };
-            send(&http, &url, p, &by_addr).await
+            send(&http, &url, router, p, &by_addr).await
         });
     }
     let mut samples = Vec::with_capacity(schedule.len());
@@ -160,11 +158,14 @@ pub async fn run(
 async fn send(
     http: &Http,
     url: &str,
+    router: Router,
     p: &Prepared,
     by_addr: &HashMap<String, String>,
 ) -> anyhow::Result<Sample> {
+    let mut headers = p.headers.clone();
+    headers.push((headers::TENANT, router.tenant().to_string()));
     let sent = Instant::now();
-    let reply = http.post_json(url, &p.headers, &p.body).await?;
+    let reply = http.post_json(url, &headers, &p.body).await?;
     let latency_ms = sent.elapsed().as_secs_f64() * 1e3;
     if !reply.status.is_success() {
         bail!(

@@ -7,7 +7,11 @@ pub enum Router {
     RoundRobin,
     Random,
     LeastRequest,
+    /// inferencecache with the server's default policy.
     InferenceCache,
+    /// inferencecache with the policy an operator would set for these workloads
+    /// (`bench::TUNED_POLICY_SPEC`), as its own tenant in the same sidecar.
+    InferenceCacheTuned,
     /// Knows every engine's cache exactly (asks each engine before every request)
     /// and sends the request to the longest cached prefix, ties to the least loaded.
     /// Not a real router: the ceiling the hit rate is judged against.
@@ -21,11 +25,12 @@ pub struct EnvoyCluster {
 }
 
 impl Router {
-    pub const ALL: [Router; 5] = [
+    pub const ALL: [Router; 6] = [
         Self::RoundRobin,
         Self::Random,
         Self::LeastRequest,
         Self::InferenceCache,
+        Self::InferenceCacheTuned,
         Self::Oracle,
     ];
 
@@ -35,6 +40,7 @@ impl Router {
             Self::Random => "random",
             Self::LeastRequest => "least-request",
             Self::InferenceCache => "inferencecache",
+            Self::InferenceCacheTuned => "inferencecache-tuned",
             Self::Oracle => "oracle",
         }
     }
@@ -49,13 +55,22 @@ impl Router {
         }
     }
 
+    /// The tenant its requests carry (each inferencecache variant is its own tenant,
+    /// with its own policy, in the one sidecar).
+    pub fn tenant(self) -> &'static str {
+        match self {
+            Self::InferenceCacheTuned => "bench-tuned",
+            _ => "bench",
+        }
+    }
+
     /// The Envoy cluster serving this router, `None` for the oracle (direct).
     pub fn envoy_cluster(self) -> Option<EnvoyCluster> {
         let (cluster, ext_proc) = match self {
             Self::RoundRobin => ("round_robin", false),
             Self::Random => ("random", false),
             Self::LeastRequest => ("least_request", false),
-            Self::InferenceCache => ("replicas", true),
+            Self::InferenceCache | Self::InferenceCacheTuned => ("replicas", true),
             Self::Oracle => return None,
         };
         Some(EnvoyCluster { cluster, ext_proc })

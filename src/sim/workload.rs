@@ -37,8 +37,6 @@ pub enum Workload {
         system_tokens: u32,
         question_tokens: u32,
         output_tokens: u32,
-        /// Requests per second per engine.
-        rate_per_engine: f64,
     },
     /// Chat sessions: one shared system prompt, then each turn appends the previous
     /// reply and a new user message, so a session grows its own prefix.
@@ -49,7 +47,6 @@ pub enum Workload {
         user_tokens: u32,
         reply_tokens: u32,
         think: Duration,
-        rate_per_engine: f64,
     },
     /// RAG: a shared instruction header, one of K documents (Zipf-popular, so one
     /// document is hot) and a question.
@@ -61,7 +58,6 @@ pub enum Workload {
         document_tokens: u32,
         question_tokens: u32,
         output_tokens: u32,
-        rate_per_engine: f64,
     },
 }
 
@@ -79,7 +75,6 @@ impl Workload {
                 system_tokens: 2048,
                 question_tokens: 128,
                 output_tokens: 32,
-                rate_per_engine: 20.0,
             },
             "multi-turn" => Self::MultiTurn {
                 sessions: 64,
@@ -88,7 +83,6 @@ impl Workload {
                 user_tokens: 96,
                 reply_tokens: 160,
                 think: Duration::from_millis(600),
-                rate_per_engine: 20.0,
             },
             "rag" => Self::Rag {
                 requests: 320,
@@ -98,7 +92,6 @@ impl Workload {
                 document_tokens: 1536,
                 question_tokens: 64,
                 output_tokens: 32,
-                rate_per_engine: 20.0,
             },
             other => bail!(
                 "unknown workload {other:?}; known: {}",
@@ -134,6 +127,20 @@ impl Workload {
         self
     }
 
+    /// Multiplies the requests (more prompts per group, more sessions, more RAG
+    /// questions) over the same prefixes, for longer, steadier runs.
+    pub fn scaled(mut self, factor: u32) -> Self {
+        let f = factor.max(1);
+        match &mut self {
+            Self::SharedPrefix {
+                prompts_per_group, ..
+            } => *prompts_per_group *= f,
+            Self::MultiTurn { sessions, .. } => *sessions *= f,
+            Self::Rag { requests, .. } => *requests *= f,
+        }
+        self
+    }
+
     /// A short human description for the report.
     pub fn describe(&self) -> String {
         match self {
@@ -143,10 +150,9 @@ impl Workload {
                 system_tokens,
                 question_tokens,
                 output_tokens,
-                rate_per_engine,
             } => format!(
                 "{groups} groups × {prompts_per_group} prompts, {system_tokens}-token system prompt + \
-                 {question_tokens}-token question, {output_tokens} output tokens, {rate_per_engine} req/s per engine"
+                 {question_tokens}-token question, {output_tokens} output tokens"
             ),
             Self::MultiTurn {
                 sessions,
@@ -155,11 +161,9 @@ impl Workload {
                 user_tokens,
                 reply_tokens,
                 think,
-                rate_per_engine,
             } => format!(
                 "{sessions} sessions × {turns} turns, {system_tokens}-token shared system prompt, \
-                 +{user_tokens} user / {reply_tokens} reply tokens per turn, {} ms think time, \
-                 {rate_per_engine} req/s per engine",
+                 +{user_tokens} user / {reply_tokens} reply tokens per turn, {} ms think time",
                 think.as_millis()
             ),
             Self::Rag {
@@ -170,20 +174,51 @@ impl Workload {
                 document_tokens,
                 question_tokens,
                 output_tokens,
-                rate_per_engine,
             } => format!(
                 "{requests} requests, {header_tokens}-token header + 1 of {documents} documents \
                  ({document_tokens} tokens, Zipf s={zipf_s}) + {question_tokens}-token question, \
-                 {output_tokens} output tokens, {rate_per_engine} req/s per engine"
+                 {output_tokens} output tokens"
             ),
         }
     }
 
-    /// The schedule for a fleet of `engines`, from `seed`. Sorted by arrival.
-    pub fn generate(&self, seed: u64, engines: usize) -> Vec<Request> {
+    /// The schedule from `seed`, sorted by arrival, at `load` × what `fleet` serves
+    /// when nothing is cached (so every workload loads the fleet alike, whatever
+    /// its prompt lengths).
+    pub fn generate(&self, seed: u64, fleet: &Fleet, load: f64) -> Schedule {
         let mut rng = XorShiftRng::seed_from_u64(mix(seed, 0, 0, 0));
-        let mut arrivals = Arrivals::new(self.rate(engines));
-        let mut out = match *self {
+        let mut out = self.prompts(seed, &mut rng);
+        let rate = fleet.capacity(&out) * load;
+        match *self {
+            Self::MultiTurn { turns, think, .. } => {
+                // Sessions start at the request rate divided by the turns per
+                // session, so the steady-state request rate is `rate`.
+                let mut starts = Arrivals::new(rate / f64::from(turns.max(1)));
+                for session in out.chunks_mut(turns.max(1) as usize) {
+                    let start = starts.next(&mut rng);
+                    for (t, r) in session.iter_mut().enumerate() {
+                        r.at = start + think * t as u32;
+                    }
+                }
+            }
+            _ => {
+                let mut arrivals = Arrivals::new(rate);
+                for r in &mut out {
+                    r.at = arrivals.next(&mut rng);
+                }
+            }
+        }
+        out.sort_by_key(|r| r.at);
+        Schedule {
+            requests: out,
+            rate,
+        }
+    }
+
+    /// The prompts in arrival order (multi-turn: session by session, turn by
+    /// turn), arrival times not yet set.
+    fn prompts(&self, seed: u64, rng: &mut XorShiftRng) -> Vec<Request> {
+        match *self {
             Self::SharedPrefix {
                 groups,
                 prompts_per_group,
@@ -198,14 +233,14 @@ impl Workload {
                 let mut order: Vec<(u32, u32)> = (0..groups)
                     .flat_map(|g| (0..prompts_per_group).map(move |p| (g, p)))
                     .collect();
-                shuffle(&mut order, &mut rng);
+                shuffle(&mut order, rng);
                 order
                     .into_iter()
                     .map(|(g, p)| {
                         let mut prompt = systems[g as usize].clone();
                         prompt.extend(segment(seed, 2, g, p, question_tokens));
                         Request {
-                            at: arrivals.next(&mut rng),
+                            at: Duration::ZERO,
                             prompt,
                             max_tokens: output_tokens,
                             family: g,
@@ -219,16 +254,11 @@ impl Workload {
                 system_tokens,
                 user_tokens,
                 reply_tokens,
-                think,
                 ..
             } => {
-                // Sessions start at the request rate divided by the turns per session,
-                // so the steady-state request rate is the configured one.
-                let mut starts = Arrivals::new(self.rate(engines) / f64::from(turns.max(1)));
                 let system = segment(seed, 3, 0, 0, system_tokens);
                 let mut out = Vec::with_capacity((sessions * turns) as usize);
                 for s in 0..sessions {
-                    let start = starts.next(&mut rng);
                     let mut history = system.clone();
                     for t in 0..turns {
                         if t > 0 {
@@ -236,7 +266,7 @@ impl Workload {
                         }
                         history.extend(segment(seed, 4, s, t, user_tokens));
                         out.push(Request {
-                            at: start + think * t,
+                            at: Duration::ZERO,
                             prompt: history.clone(),
                             max_tokens: reply_tokens,
                             family: s,
@@ -262,12 +292,12 @@ impl Workload {
                 let zipf = Zipf::new(documents, zipf_s);
                 (0..requests)
                     .map(|i| {
-                        let d = zipf.sample(&mut rng);
+                        let d = zipf.sample(rng);
                         let mut prompt = header.clone();
                         prompt.extend_from_slice(&docs[d as usize]);
                         prompt.extend(segment(seed, 8, i, 0, question_tokens));
                         Request {
-                            at: arrivals.next(&mut rng),
+                            at: Duration::ZERO,
                             prompt,
                             max_tokens: output_tokens,
                             family: d,
@@ -275,24 +305,40 @@ impl Workload {
                     })
                     .collect()
             }
-        };
-        out.sort_by_key(|r| r.at);
-        out
+        }
     }
+}
 
-    fn rate(&self, engines: usize) -> f64 {
-        let per_engine = match *self {
-            Self::SharedPrefix {
-                rate_per_engine, ..
-            }
-            | Self::MultiTurn {
-                rate_per_engine, ..
-            }
-            | Self::Rag {
-                rate_per_engine, ..
-            } => rate_per_engine,
-        };
-        per_engine * engines.max(1) as f64
+/// A generated schedule and the request rate it was generated at.
+pub struct Schedule {
+    pub requests: Vec<Request>,
+    /// Requests per second.
+    pub rate: f64,
+}
+
+/// What the arrival rate is derived from: the fleet's size and modeled costs.
+#[derive(Clone, Copy, Debug)]
+pub struct Fleet {
+    pub engines: usize,
+    pub max_running: usize,
+    pub prefill_us_per_token: f64,
+    pub decode_us_per_token: f64,
+}
+
+impl Fleet {
+    /// Requests per second the fleet serves with no cache hits at all, for the
+    /// mix of `requests`.
+    pub fn capacity(&self, requests: &[Request]) -> f64 {
+        let n = requests.len().max(1) as f64;
+        let mean_us: f64 = requests
+            .iter()
+            .map(|r| {
+                r.prompt.len() as f64 * self.prefill_us_per_token
+                    + f64::from(r.max_tokens) * self.decode_us_per_token
+            })
+            .sum::<f64>()
+            / n;
+        (self.engines * self.max_running) as f64 / (mean_us.max(1.0) / 1e6)
     }
 }
 
@@ -374,6 +420,17 @@ fn mix(seed: u64, kind: u64, a: u64, b: u64) -> u64 {
 mod tests {
     use super::*;
 
+    const FLEET: Fleet = Fleet {
+        engines: 4,
+        max_running: 4,
+        prefill_us_per_token: 50.0,
+        decode_us_per_token: 2000.0,
+    };
+
+    fn schedule(w: &Workload, seed: u64) -> Vec<Request> {
+        w.generate(seed, &FLEET, 0.85).requests
+    }
+
     fn all() -> Vec<Workload> {
         Workload::NAMES
             .iter()
@@ -384,9 +441,9 @@ mod tests {
     #[test]
     fn same_seed_same_schedule_other_seed_other_prompts() {
         for w in all() {
-            let a = w.generate(7, 4);
-            assert_eq!(a, w.generate(7, 4), "{}", w.name());
-            let b = w.generate(8, 4);
+            let a = schedule(&w, 7);
+            assert_eq!(a, schedule(&w, 7), "{}", w.name());
+            let b = schedule(&w, 8);
             assert_ne!(a[0].prompt, b[0].prompt, "{}", w.name());
         }
     }
@@ -394,7 +451,7 @@ mod tests {
     #[test]
     fn schedules_are_sorted_and_sized() {
         for w in all() {
-            let s = w.generate(1, 4);
+            let s = schedule(&w, 1);
             assert!(s.windows(2).all(|p| p[0].at <= p[1].at), "{}", w.name());
             let expected = match &w {
                 Workload::SharedPrefix {
@@ -414,7 +471,7 @@ mod tests {
     #[test]
     fn shared_prefix_groups_share_exactly_the_system_prompt() {
         let w = Workload::default_of("shared-prefix").unwrap();
-        let s = w.generate(3, 4);
+        let s = schedule(&w, 3);
         let (a, b): (Vec<_>, Vec<_>) = s.iter().partition(|r| r.family == s[0].family);
         let (x, y) = (a[0], a[1]);
         assert_eq!(x.prompt[..2048], y.prompt[..2048]);
@@ -427,7 +484,7 @@ mod tests {
     #[test]
     fn multi_turn_prompts_extend_the_previous_turn() {
         let w = Workload::default_of("multi-turn").unwrap();
-        let s = w.generate(5, 4);
+        let s = schedule(&w, 5);
         let session: Vec<_> = s.iter().filter(|r| r.family == 3).collect();
         assert_eq!(session.len(), 5);
         for pair in session.windows(2) {
@@ -443,7 +500,7 @@ mod tests {
     #[test]
     fn rag_documents_are_zipf_popular() {
         let w = Workload::default_of("rag").unwrap();
-        let s = w.generate(11, 4);
+        let s = schedule(&w, 11);
         let mut counts = vec![0u32; 48];
         for r in &s {
             counts[r.family as usize] += 1;
@@ -454,13 +511,30 @@ mod tests {
     }
 
     #[test]
-    fn arrival_rate_scales_with_the_fleet() {
+    fn arrival_rate_is_the_load_times_the_no_cache_capacity() {
         let w = Workload::default_of("shared-prefix").unwrap();
-        let span = |engines| w.generate(2, engines).last().unwrap().at.as_secs_f64();
-        // 320 requests at 80 req/s: about 4 s; at 160 req/s about 2 s.
-        let (four, eight) = (span(4), span(8));
-        assert!((3.0..5.5).contains(&four), "{four}");
-        assert!((1.5..2.75).contains(&eight), "{eight}");
+        // 2176 prompt tokens × 50 µs + 32 × 2 ms = 172.8 ms per request; 16 slots.
+        let capacity = 16.0 / 0.1728;
+        let s = w.generate(2, &FLEET, 0.85);
+        assert!((s.rate - 0.85 * capacity).abs() < 1e-6, "{}", s.rate);
+        // 320 Poisson arrivals at ~78.7/s span about 4 s.
+        let span = s.requests.last().unwrap().at.as_secs_f64();
+        assert!((3.4..4.8).contains(&span), "{span}");
+        // Twice the engines, twice the rate.
+        let eight = Fleet {
+            engines: 8,
+            ..FLEET
+        };
+        assert!((w.generate(2, &eight, 0.85).rate - 2.0 * s.rate).abs() < 1e-6);
+    }
+
+    #[test]
+    fn scaling_multiplies_requests_not_prefixes() {
+        let w = Workload::default_of("shared-prefix").unwrap().scaled(2);
+        let s = schedule(&w, 4);
+        assert_eq!(s.len(), 640);
+        let groups: std::collections::HashSet<u32> = s.iter().map(|r| r.family).collect();
+        assert_eq!(groups.len(), 32);
     }
 
     #[test]
@@ -472,6 +546,6 @@ mod tests {
     #[test]
     fn shrinking_keeps_at_least_one() {
         let w = Workload::default_of("rag").unwrap().shrunk(1000);
-        assert_eq!(w.generate(1, 2).len(), 1);
+        assert_eq!(schedule(&w, 1).len(), 1);
     }
 }
