@@ -25,6 +25,9 @@ def test_bench_routing_smoke(tmp_path):
             "--engines", "2",
             "--shrink", "8",
             "--capacity-blocks", "384",
+            "--router", "round-robin", "--router", "random", "--router", "least-request",
+            "--router", "inferencecache", "--router", "inferencecache-tuned",
+            "--router", "oracle",
             "--out", str(out),
         ],
         capture_output=True,
@@ -36,6 +39,7 @@ def test_bench_routing_smoke(tmp_path):
     for w in WORKLOADS:
         assert f"### {w}:" in proc.stdout, proc.stdout
     assert "inferencecache vs round-robin:" in proc.stdout
+    assert "inferencecache-tuned vs round-robin:" in proc.stdout
     assert "of the oracle's hit rate" in proc.stdout
 
     runs = json.loads((out / "results.json").read_text())["runs"]

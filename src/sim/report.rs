@@ -123,20 +123,26 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
         );
     }
     let find = |name: &str| runs.iter().find(|r| r.router == name);
-    if let Some(ic) = find(Router::InferenceCache.name()) {
+    for ic in runs
+        .iter()
+        .filter(|r| r.router.starts_with("inferencecache"))
+    {
         let _ = writeln!(out);
         if let Some(rr) = find(Router::RoundRobin.name()) {
             let _ = writeln!(
                 out,
-                "inferencecache vs round-robin: {} the hit rate, TTFT p90 {} lower.",
+                "{} vs round-robin: {} the hit rate; TTFT p50 {} lower, p90 {} lower.",
+                ic.router,
                 ratio(ic.hit_rate, rr.hit_rate),
+                ratio(rr.ttft_p50_ms, ic.ttft_p50_ms),
                 ratio(rr.ttft_p90_ms, ic.ttft_p90_ms),
             );
         }
         if let Some(oracle) = find(Router::Oracle.name()) {
             let _ = writeln!(
                 out,
-                "inferencecache reaches {:.0}% of the oracle's hit rate.",
+                "{} reaches {:.0}% of the oracle's hit rate.",
+                ic.router,
                 if oracle.hit_rate > 0.0 {
                     ic.hit_rate / oracle.hit_rate * 100.0
                 } else {
@@ -144,10 +150,7 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
                 }
             );
         }
-        if !ic.reasons.is_empty() {
-            let reasons: Vec<String> = ic.reasons.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = writeln!(out, "inferencecache decisions: {}.", reasons.join(", "));
-        }
+        let reasons: Vec<String> = ic.reasons.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let per: Vec<String> = ic
             .per_engine
             .iter()
@@ -155,7 +158,9 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "inferencecache requests per engine: {}.",
+            "{} decisions: {}; requests per engine: {}.",
+            ic.router,
+            reasons.join(", "),
             per.join(", ")
         );
     }
@@ -223,6 +228,12 @@ mod tests {
         assert_eq!(s.per_engine["c"], 0);
         assert_eq!(s.reasons["PREFIX_MATCH"], 3);
         let t = table("w", "d", &[s]);
+        assert!(
+            t.contains(
+                "inferencecache decisions: PREFIX_MATCH 3; requests per engine: a 2, b 1, c 0."
+            ),
+            "{t}"
+        );
         assert!(
             t.contains("| inferencecache | 50.0% | 20.0 | 30.0 | 30.0 | 1.5 | 2.00 | 4 | 1 |"),
             "{t}"

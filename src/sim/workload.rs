@@ -77,11 +77,11 @@ impl Workload {
                 output_tokens: 32,
             },
             "multi-turn" => Self::MultiTurn {
-                sessions: 64,
+                sessions: 48,
                 turns: 5,
                 system_tokens: 256,
                 user_tokens: 96,
-                reply_tokens: 160,
+                reply_tokens: 96,
                 think: Duration::from_millis(600),
             },
             "rag" => Self::Rag {
@@ -489,7 +489,7 @@ mod tests {
         assert_eq!(session.len(), 5);
         for pair in session.windows(2) {
             assert!(pair[1].prompt.starts_with(&pair[0].prompt));
-            assert_eq!(pair[1].prompt.len(), pair[0].prompt.len() + 160 + 96);
+            assert_eq!(pair[1].prompt.len(), pair[0].prompt.len() + 96 + 96);
             assert_eq!(pair[1].at - pair[0].at, Duration::from_millis(600));
         }
         // Every session starts with the shared system prompt.
