@@ -34,8 +34,8 @@ pub struct BenchArgs {
     /// Workloads to run, in order (shared-prefix, multi-turn, rag).
     #[arg(long = "workload", value_name = "NAME", default_values_t = Workload::NAMES.map(String::from))]
     pub workloads: Vec<String>,
-    /// Routers to compare, in order (also: random).
-    #[arg(long = "router", value_name = "NAME", default_values_t = Router::DEMO.map(|r| r.name().to_string()))]
+    /// Routers to compare, in order.
+    #[arg(long = "router", value_name = "NAME", default_values_t = Router::ALL.map(|r| r.name().to_string()))]
     pub routers: Vec<String>,
     /// Seed of every workload.
     #[arg(long, default_value_t = 1)]

@@ -34,15 +34,6 @@ impl Router {
         Self::Oracle,
     ];
 
-    /// The demo's default: random behaves like round-robin on every workload here.
-    pub const DEMO: [Router; 5] = [
-        Self::RoundRobin,
-        Self::LeastRequest,
-        Self::InferenceCache,
-        Self::InferenceCacheTuned,
-        Self::Oracle,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             Self::RoundRobin => "round-robin",
