@@ -9,8 +9,9 @@
 //! A lookup takes the read lock once and walks the chain (see `store.rs` for why
 //! that walk touches few cache lines). Writers (always under their tenant's writer
 //! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
-//! at a time, and sweeps for at most [`SWEEP_BATCH`] keys, so a reader never waits
-//! behind more than a couple of microseconds of writing.
+//! at a time, and let go after the current block as soon as a lookup waits (see
+//! `lock.rs`); sweeps take it for at most [`SWEEP_BATCH`] keys. So a lookup waits
+//! behind one block of an event's writing, or a bounded sweep batch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
 use super::leading_run::LeadingRuns;
-use super::lock::ReaderFirst;
+use super::lock::{ReaderFirst, Turn};
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::core::scope::ScopeKey;
@@ -34,8 +35,12 @@ pub(crate) struct Timeout;
 /// How many keys a sweep removes per write-lock hold.
 pub(crate) const SWEEP_BATCH: usize = 256;
 
-/// How many blocks of an event are stored or removed per write-lock hold.
-pub(crate) const WRITE_BATCH: usize = 4;
+/// The most blocks of an event stored or removed per write-lock hold; a hold
+/// ends sooner when a lookup is waiting.
+pub(crate) const WRITE_BATCH: usize = 16;
+
+/// How many blocks of an event are warmed per read-lock hold.
+const WARM_BATCH: usize = 64;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,6 +268,30 @@ impl ScopeIndex {
         }
     }
 
+    /// Runs `step(store, i)` for every `i` in `0..hashes.len()` under the write
+    /// lock. Each [`WARM_BATCH`] of `hashes` is warmed first; a hold covers at
+    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as
+    /// a lookup waits for the lock (unless the writer had to queue for it).
+    fn write_in_holds(&self, hashes: &[u64], mut step: impl FnMut(&mut Store, usize)) {
+        let mut i = 0;
+        for warm in hashes.chunks(WARM_BATCH) {
+            self.warm(warm);
+            let end = i + warm.len();
+            while i < end {
+                let (mut store, turn) = self.store.0.write_in_turn();
+                let yielding = turn == Turn::Opening;
+                let stop = end.min(i + WRITE_BATCH);
+                loop {
+                    step(&mut store, i);
+                    i += 1;
+                    if i == stop || (yielding && self.store.0.readers_waiting()) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// Stores a run of blocks for `slot` (the event's parent first, if any).
     /// Block `i` gets stamp `stamp_of(i)`. Returns how many new entries were created.
     pub(crate) fn insert_blocks(
@@ -275,19 +304,15 @@ impl ScopeIndex {
     ) -> u64 {
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
         let mut prev = parent;
-        for (c, chunk) in hashes.chunks(WRITE_BATCH).enumerate() {
-            self.warm(chunk);
-            let mut store = self.write();
-            for (j, &h) in chunk.iter().enumerate() {
-                let i = c * WRITE_BATCH + j;
-                let stamp = stamp_of(i);
-                newest = newest.max(stamp);
-                let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
-                created += u64::from(stored.created);
-                newly_held += u64::from(stored.newly_held);
-                prev = Some(h);
-            }
-        }
+        self.write_in_holds(hashes, |store, i| {
+            let h = hashes[i];
+            let stamp = stamp_of(i);
+            newest = newest.max(stamp);
+            let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
+            created += u64::from(stored.created);
+            newly_held += u64::from(stored.newly_held);
+            prev = Some(h);
+        });
         self.add_entries(created);
         live.add_prefixes(newly_held);
         self.note_store(newest);
@@ -347,23 +372,19 @@ impl ScopeIndex {
     /// because their last holder went.
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
         let (mut removed, mut released) = (0u64, 0u64);
-        for chunk in hashes.chunks(WRITE_BATCH) {
-            self.warm(chunk);
-            let mut store = self.write();
-            for &h in chunk {
-                let key = EntryKey::Block(h);
-                let Some(e) = store.get_mut(&key) else {
-                    continue;
-                };
-                if e.holders.release(slot) == Release::Released {
-                    released += 1;
-                    if e.holders.is_empty() {
-                        store.take(&key);
-                        removed += 1;
-                    }
+        self.write_in_holds(hashes, |store, i| {
+            let key = EntryKey::Block(hashes[i]);
+            let Some(e) = store.get_mut(&key) else {
+                return;
+            };
+            if e.holders.release(slot) == Release::Released {
+                released += 1;
+                if e.holders.is_empty() {
+                    store.take(&key);
+                    removed += 1;
                 }
             }
-        }
+        });
         self.sub_entries(removed);
         live.sub_prefixes(released);
         removed
@@ -565,5 +586,33 @@ impl ScopeIndex {
     #[cfg(test)]
     pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
         vec![self.write()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::scope::ScopeRef;
+
+    #[test]
+    fn events_get_written_while_lookups_keep_waiting() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let chain: Vec<u64> = (1..=70)
+            .map(|i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        // A lookup that keeps waiting: the writer finds no opening, queues, and
+        // then writes whole batches; it gets through.
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 70);
+        scope.store.0.set_waiting(0);
+        assert_eq!(live.prefix_count(), 70);
+        let end = scope.read().walk(&chain, |_, e| e.holders.contains(0));
+        assert_eq!(end, 70);
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.remove_blocks(0, &live, &chain[10..]), 60);
+        scope.store.0.set_waiting(0);
+        assert_eq!(live.prefix_count(), 10);
+        assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
     }
 }
