@@ -252,3 +252,40 @@ fn a_typo_in_a_manifest_is_caught() {
     });
     assert!(check(&wrong_type).is_err());
 }
+
+/// `manifests/envoy-config.yaml` is a copy of `envoy/override-host.yaml` adapted to a
+/// cluster (bind address, DNS-resolved engines); the routing parts must not drift.
+#[test]
+fn the_cluster_envoy_config_keeps_the_routing_of_envoy_override_host() {
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    let file: Value = serde_saphyr::from_str(&read("envoy/override-host.yaml")).unwrap();
+    let config_map: Value = serde_saphyr::from_str(&read("manifests/envoy-config.yaml")).unwrap();
+    let embedded: Value =
+        serde_saphyr::from_str(config_map["data"]["envoy.yaml"].as_str().unwrap()).unwrap();
+    let listener = |v: &Value| v["static_resources"]["listeners"][0]["filter_chains"].clone();
+    assert!(listener(&file).is_array());
+    assert_eq!(
+        listener(&embedded),
+        listener(&file),
+        "listener filters drifted"
+    );
+    let cluster = |v: &Value, name: &str| {
+        v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no cluster {name}"))
+    };
+    assert_eq!(
+        cluster(&embedded, "replicas")["load_balancing_policy"],
+        cluster(&file, "replicas")["load_balancing_policy"],
+        "the override_host policy drifted"
+    );
+    assert_eq!(
+        cluster(&embedded, "inferencecache_ext_proc"),
+        cluster(&file, "inferencecache_ext_proc"),
+        "the ext_proc cluster drifted"
+    );
+}
