@@ -19,6 +19,7 @@
 pub mod chain;
 pub mod decision;
 pub mod index;
+pub mod load;
 pub mod policy;
 pub mod router;
 pub mod scope;

@@ -26,6 +26,10 @@ pub enum PolicyError {
     Eviction(String),
     #[error("affinityRouting {0:?} is not Enabled or Disabled")]
     Affinity(String),
+    #[error("loadAwareness {0:?} is not Enabled or Disabled")]
+    LoadAwareness(String),
+    #[error("loadBalancing.factor {0:?} is not a decimal of at least 1 (e.g. \"1.25\")")]
+    LoadFactor(String),
 }
 
 /// Which entries the cap sweep (and a tenant at quota) evicts first.
@@ -233,6 +237,82 @@ impl Default for StrategyGates {
     }
 }
 
+/// `spec.loadAwareness` (contract §12): whether replica load may move a pick off
+/// the cache's first choice. Disabled reproduces the seed's decision exactly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoadAwareness {
+    #[default]
+    Enabled,
+    Disabled,
+}
+
+impl LoadAwareness {
+    pub fn is_enabled(self) -> bool {
+        self == Self::Enabled
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "Enabled",
+            Self::Disabled => "Disabled",
+        }
+    }
+}
+
+impl FromStr for LoadAwareness {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Enabled" => Ok(Self::Enabled),
+            "Disabled" => Ok(Self::Disabled),
+            _ => Err(PolicyError::LoadAwareness(s.to_string())),
+        }
+    }
+}
+
+/// The bounded-load rule's tuning (`spec.loadBalancing`).
+///
+/// A replica is overloaded when its load exceeds `factor × mean + slack`, where the
+/// mean is over the scope's serving replicas counting the request being placed.
+/// With `factor ≥ 1` the least-loaded replica is never over the bound, so a walk
+/// down the candidates always ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadBalancing {
+    pub factor: f64,
+    /// Requests a replica may run above `factor × mean` before it counts as
+    /// overloaded: small fleets and light traffic must not spill on noise.
+    pub slack: u32,
+    /// Engine-reported load (ReportStats, scraped metrics) older than this is
+    /// ignored; the sidecar's own in-flight count still applies.
+    pub stats_max_age: Duration,
+}
+
+impl LoadBalancing {
+    pub const DEFAULT_FACTOR_STR: &'static str = "1.25";
+    pub const DEFAULT_SLACK: u32 = 2;
+    pub const DEFAULT_STATS_MAX_AGE: Duration = Duration::from_secs(5);
+
+    /// Parses a factor: the floor-score decimal form, at least 1.
+    pub fn parse_factor(s: &str) -> Result<f64, PolicyError> {
+        let err = || PolicyError::LoadFactor(s.to_string());
+        let v = s.parse::<FloorScore>().map_err(|_| err())?.value();
+        if v < 1.0 { Err(err()) } else { Ok(v) }
+    }
+
+    pub fn stats_max_age_nanos(&self) -> u64 {
+        u64::try_from(self.stats_max_age.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for LoadBalancing {
+    fn default() -> Self {
+        Self {
+            factor: 1.25,
+            slack: Self::DEFAULT_SLACK,
+            stats_max_age: Self::DEFAULT_STATS_MAX_AGE,
+        }
+    }
+}
+
 /// One namespace's policy with every default applied (contract §5).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedPolicy {
@@ -245,6 +325,9 @@ pub struct ResolvedPolicy {
     pub lookup_timeout: Duration,
     pub strategy: StrategyGates,
     pub affinity_routing: AffinityRouting,
+    /// Contract §12; not a seed field, so the seed's decision is `Disabled`.
+    pub load_awareness: LoadAwareness,
+    pub load_balancing: LoadBalancing,
 }
 
 impl ResolvedPolicy {
@@ -279,6 +362,8 @@ impl Default for ResolvedPolicy {
             lookup_timeout: Duration::ZERO,
             strategy: StrategyGates::default(),
             affinity_routing: AffinityRouting::Enabled,
+            load_awareness: LoadAwareness::Enabled,
+            load_balancing: LoadBalancing::default(),
         }
     }
 }
@@ -358,6 +443,32 @@ mod tests {
             ..ResolvedPolicy::default()
         };
         assert_eq!(p.validate(), Err(PolicyError::ZeroTtl));
+    }
+
+    #[test]
+    fn load_awareness_is_on_by_default_with_a_bound_that_always_admits_someone() {
+        let p = ResolvedPolicy::default();
+        assert_eq!(p.load_awareness, LoadAwareness::Enabled);
+        assert!(p.load_balancing.factor >= 1.0);
+        assert_eq!(
+            LoadBalancing::parse_factor(LoadBalancing::DEFAULT_FACTOR_STR),
+            Ok(p.load_balancing.factor)
+        );
+    }
+
+    #[test]
+    fn load_factor_must_be_a_decimal_of_at_least_one() {
+        assert_eq!(LoadBalancing::parse_factor("1"), Ok(1.0));
+        assert_eq!(LoadBalancing::parse_factor("2.5"), Ok(2.5));
+        for bad in ["0.99", "0", "-1", "1e2", "", "fast"] {
+            assert_eq!(
+                LoadBalancing::parse_factor(bad),
+                Err(PolicyError::LoadFactor(bad.to_string())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!("Disabled".parse(), Ok(LoadAwareness::Disabled));
+        assert!("off".parse::<LoadAwareness>().is_err());
     }
 
     #[test]

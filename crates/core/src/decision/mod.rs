@@ -11,6 +11,7 @@
 //! is only read here, except for LFU credits on a delivered PREFIX_MATCH.
 
 pub mod affinity;
+mod bounded_load;
 pub mod outcome;
 mod rank;
 pub mod request;
@@ -20,7 +21,9 @@ mod tests;
 
 use std::time::Instant;
 
+use bounded_load::Spill;
 use outcome::{Decision, ReasonCode, ScoredSlot, Strategy};
+use smallvec::SmallVec;
 use rank::{Floors, Ranking, Row};
 use request::{Chain, LookupRequest};
 
@@ -125,47 +128,100 @@ pub fn decide(
         hint = None;
     }
 
+    // The affinity seed: the chain's last block, else the legacy prefix.
+    let affinity_seed = || match chain.hashes.last() {
+        Some(&h) => h,
+        None => prefix_seed(req.prefix_hash),
+    };
+    let load_aware = policy.load_awareness.is_enabled();
     match hint {
-        Some((strategy, reason, rows)) => {
-            // 10. LFU credits only a delivered PREFIX_MATCH, on the first-ranked replica.
+        Some((strategy, reason, mut rows)) => {
+            // The load rule: may move the pick among the seed's candidates. A prefix
+            // match spills in rendezvous order of its deepest matched block, so one
+            // prefix's overflow stays together.
+            let mut spilled = None;
+            if load_aware {
+                let seed = match (reason, chain.is_present()) {
+                    (ReasonCode::PrefixMatch, true) => {
+                        let deepest = (rows[0].matched_blocks as usize).clamp(1, chain.hashes.len());
+                        chain.hashes[deepest - 1]
+                    }
+                    _ => affinity_seed(),
+                };
+                let preferred: SmallVec<[usize; 16]> = rows.iter().map(|r| r.member).collect();
+                spilled = bounded_load::place(&serving, &preferred, seed, &policy.load_balancing, now);
+                if let Some(sp) = spilled {
+                    promote(&mut rows, sp, strategy);
+                }
+            }
+            // 10. LFU credits only a delivered PREFIX_MATCH, on the replica it goes to.
             if reason == ReasonCode::PrefixMatch && policy.eviction == EvictionAlgorithm::Lfu {
                 let matched = rows[0].matched_blocks as usize;
                 if chain.is_present() {
                     scope_index.credit_chain(&chain.hashes[..matched.min(chain.hashes.len())]);
-                } else {
+                } else if matched > 0 {
                     scope_index.credit_prefix(req.prefix_hash);
                 }
             }
-            finish(strategy, reason, revision, rows, serving)
+            finish(strategy, reason, revision, rows, serving, spilled)
         }
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
-            let seed = match chain.hashes.last() {
-                Some(&h) => h,
-                None => prefix_seed(req.prefix_hash),
-            };
+            let seed = affinity_seed();
             let members =
                 (0..serving.len()).filter_map(|m| serving.replica(m).map(|r| (r.id_hash, &*r.id)));
             match affinity::pick(seed, members) {
                 Some(member) => {
-                    let row = Row {
+                    let mut rows = vec![Row {
                         member,
                         score: 0.0,
                         matched_tokens: 0,
                         matched_blocks: 0,
-                    };
+                    }];
+                    let spilled = load_aware
+                        .then(|| {
+                            bounded_load::place(&serving, &[member], seed, &policy.load_balancing, now)
+                        })
+                        .flatten();
+                    if let Some(sp) = spilled {
+                        promote(&mut rows, sp, Strategy::Affinity);
+                    }
                     finish(
                         Strategy::Affinity,
                         ReasonCode::AffinityHint,
                         revision,
-                        vec![row],
+                        rows,
                         serving,
+                        spilled,
                     )
                 }
                 None => none(ReasonCode::NoHint),
             }
         }
         None => none(ReasonCode::NoHint),
+    }
+}
+
+/// Puts the spill target first. A prefix match keeps listing the cache's ranking
+/// after it (its own ranked row moves up, or a row with no score goes in front);
+/// TENANT_HOT and AFFINITY_HINT answer exactly one replica, so it replaces the pick.
+fn promote(rows: &mut Vec<Row>, spill: Spill, strategy: Strategy) {
+    if strategy != Strategy::PrefixMatch {
+        rows.truncate(1);
+        rows[0].member = spill.member;
+        return;
+    }
+    match rows.iter().position(|r| r.member == spill.member) {
+        Some(pos) => rows[..=pos].rotate_right(1),
+        None => rows.insert(
+            0,
+            Row {
+                member: spill.member,
+                score: 0.0,
+                matched_tokens: 0,
+                matched_blocks: 0,
+            },
+        ),
     }
 }
 
@@ -205,9 +261,11 @@ fn finish(
     revision: &std::sync::Arc<str>,
     rows: Vec<Row>,
     serving: ServingSet,
+    spilled: Option<Spill>,
 ) -> Decision {
     // Same size and alignment: `collect` reuses the ranker's allocation.
     let members = serving.members();
+    let spilled_from = spilled.map(|sp| members[sp.from]);
     let slots = rows
         .into_iter()
         .map(|r| ScoredSlot {
@@ -217,5 +275,5 @@ fn finish(
             matched_blocks: r.matched_blocks,
         })
         .collect();
-    Decision::with_rows(strategy, reason, revision, slots, serving.table)
+    Decision::with_rows(strategy, reason, revision, slots, serving.table).with_spilled_from(spilled_from)
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::index::ReplicaTable;
+use crate::load::Inflight;
 
 /// How the pick was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,6 +89,8 @@ pub struct Decision {
     pub policy_revision: Arc<str>,
     rows: Vec<ScoredSlot>,
     replicas: Option<Arc<ReplicaTable>>,
+    /// The slot the cache preferred when the load rule moved the pick.
+    spilled_from: Option<u32>,
 }
 
 impl Decision {
@@ -98,6 +101,7 @@ impl Decision {
             policy_revision: policy_revision.clone(),
             rows: Vec::new(),
             replicas: None,
+            spilled_from: None,
         }
     }
 
@@ -114,7 +118,13 @@ impl Decision {
             policy_revision: policy_revision.clone(),
             rows,
             replicas: Some(replicas),
+            spilled_from: None,
         }
+    }
+
+    pub(crate) fn with_spilled_from(mut self, slot: Option<u32>) -> Self {
+        self.spilled_from = slot;
+        self
     }
 
     /// The ranked replicas, best first; empty when no hint is given.
@@ -135,5 +145,24 @@ impl Decision {
     /// The picked replica, if the decision gives a hint.
     pub fn pick(&self) -> Option<ReplicaScore<'_>> {
         self.scores().next()
+    }
+
+    /// When the load rule moved the pick: the replica the cache preferred
+    /// (`x-inferencecache-spilled-from`, `LookupRouteResponse.spilled_from`).
+    pub fn spilled_from(&self) -> Option<&str> {
+        let slot = self.spilled_from?;
+        Some(&*self.replicas.as_deref()?.get(slot)?.id)
+    }
+
+    /// Counts this request against the picked replica until the returned guard is
+    /// dropped (the end of its prefill; see [`crate::load`]). Only the path that
+    /// really routes the request (ext_proc) calls this; a LookupRoute is a query.
+    /// `requested_tokens` is the prompt's token count; the matched tokens are not
+    /// prefill work, so only the rest counts.
+    pub fn admit(&self, requested_tokens: u64) -> Option<Inflight> {
+        let row = self.rows.first()?;
+        let replica = self.replicas.as_deref()?.get(row.slot)?;
+        let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
+        Some(Inflight::begin(replica.live.clone(), uncached))
     }
 }

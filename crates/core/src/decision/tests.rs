@@ -29,6 +29,7 @@ mod fallback;
 mod gates;
 mod lfu;
 mod lifecycle;
+mod load;
 mod ranking;
 
 // ----- fixtures -----

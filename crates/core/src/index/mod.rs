@@ -45,7 +45,7 @@ pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};
 
-pub(crate) use replica::ServingSet;
+pub(crate) use replica::{ReplicaLive, ServingSet};
 pub(crate) use store::prefix_seed;
 
 use eviction::VictimCache;
@@ -499,6 +499,10 @@ impl Index {
             scope::Touch::Stats,
         );
         *live.stats.lock() = Some((report.stats, now));
+        live.set_engine_queue(
+            u64::from(report.stats.waiting_requests) + u64::from(report.stats.running_requests),
+            now.as_nanos(),
+        );
         Ok(())
     }
 
@@ -694,6 +698,8 @@ impl Index {
                         prefix_count: r.live.prefix_count(),
                         last_event_at: (last > 0).then_some(Timestamp(last)),
                         stats: *r.live.stats.lock(),
+                        inflight_requests: r.live.inflight.load(Ordering::Relaxed),
+                        inflight_tokens: r.live.inflight_tokens.load(Ordering::Relaxed),
                     });
                 }
             }

@@ -34,6 +34,15 @@ pub(crate) struct ReplicaLive {
     /// Entries of the scope this replica holds.
     pub prefix_count: AtomicU64,
     pub stats: Mutex<Option<(ReplicaStats, Timestamp)>>,
+    /// Requests this sidecar routed here (ext_proc) whose prefill has not ended,
+    /// and their uncached prompt tokens: see [`crate::load::Inflight`].
+    pub inflight: AtomicU64,
+    pub inflight_tokens: AtomicU64,
+    /// The engine's own waiting + running count from its last report (ReportStats
+    /// or a metrics scrape) and when it came, ns (0 = never). Atomics, so the
+    /// decision's load rule reads no lock.
+    pub engine_queue: AtomicU64,
+    pub engine_queue_at: AtomicU64,
 }
 
 impl ReplicaLive {
@@ -59,6 +68,25 @@ impl ReplicaLive {
 
     pub fn last_event_at(&self) -> u64 {
         self.last_event_at.load(Ordering::Relaxed)
+    }
+
+    /// The load the bounded-load rule compares (see [`crate::load`]): the larger of
+    /// this sidecar's in-flight count and the engine's reported waiting + running,
+    /// the latter only while younger than `max_age` ns.
+    pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
+        let own = self.inflight.load(Ordering::Relaxed);
+        let at = self.engine_queue_at.load(Ordering::Relaxed);
+        if at == 0 || now.saturating_sub(at) > max_age {
+            return own;
+        }
+        own.max(self.engine_queue.load(Ordering::Relaxed))
+    }
+
+    /// Records the engine's reported queue (ReportStats, scrapes).
+    pub fn set_engine_queue(&self, waiting_plus_running: u64, at: u64) {
+        self.engine_queue
+            .store(waiting_plus_running, Ordering::Relaxed);
+        self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
     }
 
     /// Reported waiting + running requests, for the ORIGINAL_DST fallback.

@@ -20,6 +20,10 @@ pub struct ReplicaView {
     pub last_event_at: Option<Timestamp>,
     /// The last ReportStats and when it came.
     pub stats: Option<(ReplicaStats, Timestamp)>,
+    /// Requests this sidecar routed here whose prefill has not ended, and their
+    /// uncached prompt tokens (the load rule's own signal).
+    pub inflight_requests: u64,
+    pub inflight_tokens: u64,
 }
 
 /// One tenant's entry count.
