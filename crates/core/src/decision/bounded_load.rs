@@ -53,7 +53,12 @@ pub(crate) fn place(
     if fits(first) {
         return None;
     }
-    let spill = |member| Some(Spill { member, from: first });
+    let spill = |member| {
+        Some(Spill {
+            member,
+            from: first,
+        })
+    };
     if let Some(&m) = preferred[1..].iter().find(|&&m| fits(m)) {
         return spill(m);
     }
@@ -68,5 +73,9 @@ pub(crate) fn place(
     // Highest weight first; members are in replica-id order, so ties (a 64-bit
     // collision) go to the smaller id.
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    order.into_iter().map(|(_, m)| m).find(|&m| fits(m)).and_then(spill)
+    order
+        .into_iter()
+        .map(|(_, m)| m)
+        .find(|&m| fits(m))
+        .and_then(spill)
 }

@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use bounded_load::Spill;
 use outcome::{Decision, ReasonCode, ScoredSlot, Strategy};
-use smallvec::SmallVec;
 use rank::{Floors, Ranking, Row};
 use request::{Chain, LookupRequest};
+use smallvec::SmallVec;
 
 use crate::index::{Classified, Index, ServingSet, prefix_seed};
 use crate::policy::EvictionAlgorithm;
@@ -143,13 +143,15 @@ pub fn decide(
             if load_aware {
                 let seed = match (reason, chain.is_present()) {
                     (ReasonCode::PrefixMatch, true) => {
-                        let deepest = (rows[0].matched_blocks as usize).clamp(1, chain.hashes.len());
+                        let deepest =
+                            (rows[0].matched_blocks as usize).clamp(1, chain.hashes.len());
                         chain.hashes[deepest - 1]
                     }
                     _ => affinity_seed(),
                 };
                 let preferred: SmallVec<[usize; 16]> = rows.iter().map(|r| r.member).collect();
-                spilled = bounded_load::place(&serving, &preferred, seed, &policy.load_balancing, now);
+                spilled =
+                    bounded_load::place(&serving, &preferred, seed, &policy.load_balancing, now);
                 if let Some(sp) = spilled {
                     promote(&mut rows, sp, strategy);
                 }
@@ -163,7 +165,9 @@ pub fn decide(
                     scope_index.credit_prefix(req.prefix_hash);
                 }
             }
-            finish(strategy, reason, revision, rows, serving, spilled)
+            finish(
+                strategy, reason, revision, rows, serving, load_aware, spilled,
+            )
         }
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
@@ -180,7 +184,13 @@ pub fn decide(
                     }];
                     let spilled = load_aware
                         .then(|| {
-                            bounded_load::place(&serving, &[member], seed, &policy.load_balancing, now)
+                            bounded_load::place(
+                                &serving,
+                                &[member],
+                                seed,
+                                &policy.load_balancing,
+                                now,
+                            )
                         })
                         .flatten();
                     if let Some(sp) = spilled {
@@ -192,6 +202,7 @@ pub fn decide(
                         revision,
                         rows,
                         serving,
+                        load_aware,
                         spilled,
                     )
                 }
@@ -261,6 +272,7 @@ fn finish(
     revision: &std::sync::Arc<str>,
     rows: Vec<Row>,
     serving: ServingSet,
+    load_aware: bool,
     spilled: Option<Spill>,
 ) -> Decision {
     // Same size and alignment: `collect` reuses the ranker's allocation.
@@ -275,5 +287,6 @@ fn finish(
             matched_blocks: r.matched_blocks,
         })
         .collect();
-    Decision::with_rows(strategy, reason, revision, slots, serving.table).with_spilled_from(spilled_from)
+    Decision::with_rows(strategy, reason, revision, slots, serving.table)
+        .with_load(load_aware, spilled_from)
 }

@@ -91,6 +91,8 @@ pub struct Decision {
     replicas: Option<Arc<ReplicaTable>>,
     /// The slot the cache preferred when the load rule moved the pick.
     spilled_from: Option<u32>,
+    /// The policy's loadAwareness: only then is a routed request counted.
+    load_aware: bool,
 }
 
 impl Decision {
@@ -102,6 +104,7 @@ impl Decision {
             rows: Vec::new(),
             replicas: None,
             spilled_from: None,
+            load_aware: false,
         }
     }
 
@@ -119,11 +122,14 @@ impl Decision {
             rows,
             replicas: Some(replicas),
             spilled_from: None,
+            load_aware: false,
         }
     }
 
-    pub(crate) fn with_spilled_from(mut self, slot: Option<u32>) -> Self {
-        self.spilled_from = slot;
+    /// Marks a decision made with the load rule on, and where it spilled from.
+    pub(crate) fn with_load(mut self, load_aware: bool, spilled_from: Option<u32>) -> Self {
+        self.load_aware = load_aware;
+        self.spilled_from = spilled_from;
         self
     }
 
@@ -158,8 +164,12 @@ impl Decision {
     /// dropped (the end of its prefill; see [`crate::load`]). Only the path that
     /// really routes the request (ext_proc) calls this; a LookupRoute is a query.
     /// `requested_tokens` is the prompt's token count; the matched tokens are not
-    /// prefill work, so only the rest counts.
+    /// prefill work, so only the rest counts. `None` without a pick, or when the
+    /// policy's loadAwareness is Disabled (nothing would read the count).
     pub fn admit(&self, requested_tokens: u64) -> Option<Inflight> {
+        if !self.load_aware {
+            return None;
+        }
         let row = self.rows.first()?;
         let replica = self.replicas.as_deref()?.get(row.slot)?;
         let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
