@@ -15,6 +15,7 @@ use super::index::{
     Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
     TenantLimits,
 };
+use super::load::Inflight;
 use super::policy::EvictionAlgorithm;
 use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
 use super::snapshot::PolicySnapshot;
@@ -75,6 +76,33 @@ impl Router {
     /// One LookupRoute decision.
     pub fn lookup(&self, req: &LookupRequest<'_>, now: Timestamp) -> Decision {
         decision::decide(&self.index, &self.snapshot.load(), req, now)
+    }
+
+    /// The request of `decision` really goes to its pick (the ext_proc path): count
+    /// it in flight there (see [`crate::load`]) and record its chain as pending for
+    /// that replica, so siblings arriving during its prefill land together
+    /// (`index/pending.rs`). Nothing happens without a pick or with the load rule
+    /// off, and a gRPC LookupRoute (a query) never calls this.
+    pub fn admit(
+        &self,
+        decision: &Decision,
+        req: &LookupRequest<'_>,
+        now: Timestamp,
+    ) -> Option<Inflight> {
+        let requested = if req.block_token_counts.is_empty() {
+            u64::from(req.prefix_token_count)
+        } else {
+            req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
+        };
+        let inflight = decision.admit(requested)?;
+        let chain = req.block_hashes;
+        if !chain.is_empty() && chain.len() == req.block_token_counts.len() {
+            let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
+            if let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot()) {
+                s.pending.record(slot, chain, now.as_nanos());
+            }
+        }
+        Some(inflight)
     }
 
     fn limits(snapshot: &PolicySnapshot, tenant: &str) -> TenantLimits {

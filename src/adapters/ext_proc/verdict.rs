@@ -150,12 +150,7 @@ impl Verdict {
                         upstream.push((SPILLED_FROM, from.to_string()));
                         metrics.record_spill(decision.reason);
                     }
-                    let requested = if f.block_token_counts.is_empty() {
-                        u64::from(f.prefix_tokens)
-                    } else {
-                        f.block_token_counts.iter().map(|&t| u64::from(t)).sum()
-                    };
-                    inflight = decision.admit(requested);
+                    inflight = router.admit(&decision, &req, now);
                 }
                 revision = Some(decision.policy_revision.to_string());
                 if decision.reason == ReasonCode::NoHint {

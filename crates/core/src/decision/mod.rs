@@ -86,11 +86,19 @@ pub fn decide(
         routing_floor_score: policy.routing_floor_score.value(),
     };
 
-    // 7. Rank.
+    // 7. Rank. With the load rule on, chains routed moments ago count for the
+    // replica they went to until its engine confirms them (`index/pending.rs`).
+    let load_aware = policy.load_awareness.is_enabled();
     let has_seed = chain.is_present() || !req.prefix_hash.is_empty();
     let ranking = if chain.is_present() {
         match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
-            Ok(runs) => rank::rank_chain(&runs, chain.token_counts, floors),
+            Ok(mut runs) => {
+                if load_aware {
+                    let pending = &scope_index.pending;
+                    pending.extend_runs(chain.hashes, serving.members(), &mut runs, now);
+                }
+                rank::rank_chain(&runs, chain.token_counts, floors)
+            }
             Err(_) => return none(ReasonCode::Timeout),
         }
     } else if !req.prefix_hash.is_empty() {
@@ -133,7 +141,6 @@ pub fn decide(
         Some(&h) => h,
         None => prefix_seed(req.prefix_hash),
     };
-    let load_aware = policy.load_awareness.is_enabled();
     match hint {
         Some((strategy, reason, mut rows)) => {
             // The load rule: may move the pick among the seed's candidates. A prefix

@@ -175,4 +175,9 @@ impl Decision {
         let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
         Some(Inflight::begin(replica.live.clone(), uncached))
     }
+
+    /// The picked replica's slot in its scope's table.
+    pub(crate) fn pick_slot(&self) -> Option<u32> {
+        self.rows.first().map(|r| r.slot)
+    }
 }

@@ -30,6 +30,7 @@ mod gates;
 mod lfu;
 mod lifecycle;
 mod load;
+mod pending;
 mod ranking;
 
 // ----- fixtures -----

@@ -25,6 +25,7 @@ pub mod event;
 mod eviction;
 mod leading_run;
 mod lock;
+mod pending;
 mod replica;
 pub mod scope;
 mod store;
@@ -41,6 +42,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 pub use event::{IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport};
+pub use pending::{MAX_PENDING_BLOCKS, PENDING_TTL_NANOS};
 pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};
@@ -293,6 +295,7 @@ impl Index {
             match event {
                 IndexEvent::Stored { parent, hashes, .. } => {
                     Counters::add(&self.counters.stored_blocks, hashes.len() as u64);
+                    scope.pending.confirm(slot, hashes);
                     self.store_blocks(
                         &tenant,
                         &mut writer,
@@ -594,6 +597,7 @@ impl Index {
                 // The writer lock is held per scope, not for the whole sweep, so the
                 // tenant's ingest interleaves with a long sweep.
                 let mut writer = tenant.writer.lock();
+                scope.pending.purge(now);
                 let evicted = scope.sweep_expired(now, limits.ttl_nanos);
                 Counters::add(&self.counters.evicted_ttl, evicted);
                 self.sub_entries(&tenant, evicted);

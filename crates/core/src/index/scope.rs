@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 use super::entry::{Entry, Holders, Release};
 use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Turn};
+use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::scope::ScopeKey;
@@ -67,6 +68,8 @@ pub struct ScopeIndex {
     /// Newest stamp that stored an entry here (ns).
     last_store: AtomicU64,
     round_robin: AtomicUsize,
+    /// Chains just routed here, held until the engine confirms (`pending.rs`).
+    pub(crate) pending: Pending,
 }
 
 impl ScopeIndex {
@@ -79,6 +82,7 @@ impl ScopeIndex {
             entries: AtomicU64::new(0),
             last_store: AtomicU64::new(0),
             round_robin: AtomicUsize::new(0),
+            pending: Pending::default(),
         }
     }
 
@@ -393,6 +397,7 @@ impl ScopeIndex {
     /// Removes `slot` from every entry (AllBlocksCleared, replica removal), a
     /// bounded batch per write-lock hold. Returns the entries removed.
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
+        self.pending.forget_slot(slot);
         let mut keys = Vec::new();
         self.read().for_each(|k, e| {
             if e.holders.contains(slot) {

@@ -101,17 +101,19 @@ fn all_survivors_overloaded_walk_the_rendezvous_order_of_the_deepest_matched_blo
 #[test]
 fn disabled_reproduces_the_seed_under_any_load() {
     let (router, r) = fleet(disabled(ResolvedPolicy::default()));
-    let _held = load(&router, "r1", 50);
+    // Nothing is counted in flight with the rule off; the engine says it is swamped.
+    let d = lookup(&router, &r);
+    assert!(d.admit(16).is_none());
+    report_queue(&router, "r1", 500, t0());
     let d = lookup(&router, &r);
     assert_prefix(&d, &expected_seed_rows());
     assert_eq!(d.spilled_from(), None);
 }
 
-#[test]
-fn engine_reported_load_counts_until_it_is_stale() {
-    let (router, r) = fleet(ResolvedPolicy::default());
+/// `replica` reports `waiting` queued requests (and 8 running) through ReportStats.
+fn report_queue(router: &Router, replica: &str, waiting: u32, now: Timestamp) {
     let stats = ReplicaStats {
-        waiting_requests: 30,
+        waiting_requests: waiting,
         running_requests: 8,
         ..ReplicaStats::default()
     };
@@ -119,13 +121,19 @@ fn engine_reported_load_counts_until_it_is_stale() {
         .report_stats(
             &StatsReport {
                 scope: acme(),
-                replica_id: "r1",
-                endpoint: &endpoint_of("r1"),
+                replica_id: replica,
+                endpoint: &endpoint_of(replica),
                 stats,
             },
-            t0(),
+            now,
         )
         .expect("stats");
+}
+
+#[test]
+fn engine_reported_load_counts_until_it_is_stale() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    report_queue(&router, "r1", 30, t0());
     let d = lookup_at(&router, &r, at(1));
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));

@@ -1,0 +1,114 @@
+//! Burst siblings (`index/pending.rs`): a chain routed on the ext_proc path counts
+//! for its replica until the engine confirms it or a few seconds pass, so prompts
+//! sharing its prefix that arrive during its first prefill land together.
+
+use super::*;
+use crate::index::PENDING_TTL_NANOS;
+use crate::load::Inflight;
+use crate::policy::LoadAwareness;
+
+const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
+const FIRST: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+/// Shares FIRST's six leading blocks (96 tokens), then differs.
+const SIBLING: [u64; 8] = [1, 2, 3, 4, 5, 6, 90, 91];
+
+fn fleet(policy: ResolvedPolicy) -> Router {
+    let router = mk_router(policy);
+    for id in FLEET {
+        register(&router, acme(), id, t0());
+    }
+    router
+}
+
+/// Routes FIRST as ext_proc does (decide, then admit); returns the pick and the
+/// request's in-flight guard (its response has not started).
+fn route_first(router: &Router, now: Timestamp) -> (String, Option<Inflight>) {
+    let r = req(&FIRST);
+    let d = lookup_at(router, &r, now);
+    let pick = picked(&d).expect("a pick");
+    (pick, router.admit(&d, &r.as_lookup(), now))
+}
+
+#[test]
+fn a_sibling_arriving_during_the_first_prefill_lands_with_it() {
+    let router = fleet(ResolvedPolicy::default());
+    let (first, _inflight) = route_first(&router, t0());
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(d.reason, ReasonCode::PrefixMatch, "rows {:?}", rows(&d));
+    assert_eq!(picked(&d), Some(first));
+    assert_eq!(d.pick().map(|p| p.matched_tokens), Some(96));
+}
+
+#[test]
+fn pending_entries_are_not_entries() {
+    let router = fleet(ResolvedPolicy::default());
+    let _routed = route_first(&router, t0());
+    let view = router.view(t0());
+    assert_eq!(view.total_entries, 0);
+    assert!(view.replicas.iter().all(|r| r.prefix_count == 0));
+    assert_eq!(router.index().tenant_entries(TENANT), 0);
+}
+
+#[test]
+fn pending_entries_expire() {
+    let router = fleet(ResolvedPolicy::default());
+    let (first, _inflight) = route_first(&router, t0());
+    let later = t0().plus(Duration::from_nanos(PENDING_TTL_NANOS + 1));
+    let d = lookup_at(&router, &req(&SIBLING), later);
+    assert_eq!(d.reason, ReasonCode::AffinityHint);
+    assert_eq!(picked(&d), Some(owner(91, &FLEET)));
+    assert!(FLEET.contains(&first.as_str()));
+}
+
+#[test]
+fn the_engines_events_take_over_and_a_clear_drops_them() {
+    let router = fleet(ResolvedPolicy::default());
+    let (first, _inflight) = route_first(&router, t0());
+    // The engine stores the blocks: real entries now, nothing pending.
+    store(&router, &first, &FIRST);
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(picked(&d).as_deref(), Some(first.as_str()));
+    assert_eq!(
+        router.index().scope(acme()).map(|s| s.pending.len()),
+        Some(0)
+    );
+    // A fresh routed chain, then the replica clears its cache: nothing survives.
+    let other: Vec<u64> = (200..208).collect();
+    let r = req(&other);
+    let d = lookup(&router, &r);
+    let to = picked(&d).expect("pick");
+    let _inflight2 = router.admit(&d, &r.as_lookup(), t0());
+    ingest(
+        &router,
+        acme(),
+        &to,
+        &endpoint_of(&to),
+        &[IndexEvent::Cleared],
+        t0(),
+    );
+    let sibling: Vec<u64> = (200..206).chain([300, 301]).collect();
+    let d = lookup(&router, &req(&sibling));
+    assert_eq!(d.reason, ReasonCode::AffinityHint, "rows {:?}", rows(&d));
+}
+
+#[test]
+fn a_lookup_alone_records_nothing() {
+    let router = fleet(ResolvedPolicy::default());
+    // gRPC LookupRoute: a query, never admitted.
+    let _ = lookup(&router, &req(&FIRST));
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(d.reason, ReasonCode::AffinityHint);
+}
+
+#[test]
+fn with_the_load_rule_off_nothing_is_pending() {
+    let router = fleet(ResolvedPolicy {
+        load_awareness: LoadAwareness::Disabled,
+        ..ResolvedPolicy::default()
+    });
+    let r = req(&FIRST);
+    let d = lookup(&router, &r);
+    assert!(router.admit(&d, &r.as_lookup(), t0()).is_none());
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(d.reason, ReasonCode::AffinityHint);
+}
