@@ -10,7 +10,8 @@
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
 //! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
 //! the concurrent writer write to another scope (separates lock contention from
-//! memory interference).
+//! memory interference); IC_BENCH_LOAD=disabled runs the decision with
+//! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use inferencecache_core::Router;
 use inferencecache_core::decision::outcome::ReasonCode;
 use inferencecache_core::decision::request::LookupRequest;
 use inferencecache_core::index::{IndexConfig, IndexEvent, IngestBatch};
+use inferencecache_core::policy::{LoadAwareness, ResolvedPolicy};
 use inferencecache_core::scope::ScopeRef;
 use inferencecache_core::snapshot::PolicySnapshot;
 use inferencecache_core::time::Timestamp;
@@ -104,7 +106,16 @@ fn main() {
     let config = IndexConfig {
         max_entries: u64::MAX,
     };
-    let router = Arc::new(Router::new(config, PolicySnapshot::empty(), now));
+    let snapshot = if std::env::var("IC_BENCH_LOAD").is_ok_and(|v| v == "disabled") {
+        let seed = ResolvedPolicy {
+            load_awareness: LoadAwareness::Disabled,
+            ..ResolvedPolicy::default()
+        };
+        PolicySnapshot::new(seed, Vec::new(), Vec::new())
+    } else {
+        PolicySnapshot::empty()
+    };
+    let router = Arc::new(Router::new(config, snapshot, now));
     let scope = ScopeRef::new(TENANT, MODEL, SCHEME);
     let ids: Vec<String> = (0..REPLICAS).map(replica_id).collect();
     let endpoints: Vec<String> = (0..REPLICAS).map(|r| format!("10.0.0.{r}:8000")).collect();

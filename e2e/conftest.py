@@ -67,6 +67,10 @@ class Upstream:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                # Tests hold a response to keep it in flight (an LLM's prefill).
+                held_ms = float(self.headers.get("x-test-hold-ms", "0") or 0)
+                if held_ms > 0:
+                    time.sleep(held_ms / 1000)
                 body = replica.encode()
                 self.send_response(200)
                 self.send_header("content-type", "text/plain")
@@ -74,6 +78,8 @@ class Upstream:
                 self.send_header("x-served-by", replica)
                 seen = self.headers.get("x-inferencecache-reason", "")
                 self.send_header("x-upstream-saw-reason", seen)
+                spilled = self.headers.get("x-inferencecache-spilled-from", "")
+                self.send_header("x-upstream-saw-spilled-from", spilled)
                 self.end_headers()
                 self.wfile.write(body)
 

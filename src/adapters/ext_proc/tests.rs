@@ -8,10 +8,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, HttpT
 
 const CHAIN: [u64; 6] = [0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6];
 
-fn mk_snapshot(replicas: &[(&str, &str)]) -> PolicySnapshot {
-    mk_snapshot_with(replicas, ResolvedPolicy::default())
-}
-
 fn mk_snapshot_with(replicas: &[(&str, &str)], policy: ResolvedPolicy) -> PolicySnapshot {
     let backend = BackendDecl {
         namespace: "team-a".into(),
