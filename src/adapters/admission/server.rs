@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tracing::Instrument;
 
 /// How long a client gets to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,6 +112,7 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(app.clone());
+        let span = tracing::debug_span!("webhook_connection", %peer);
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -129,6 +131,6 @@ pub async fn serve(
             {
                 tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
             }
-        });
+        }.instrument(span));
     }
 }
