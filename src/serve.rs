@@ -34,10 +34,10 @@ use tracing::Instrument;
 
 use crate::adapters::admin::{self, AdminState};
 use crate::adapters::drain::Drain;
-use crate::adapters::ingest::{IngestGuard, IngestLimits, IngestTokens};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
+use crate::adapters::ingest::{IngestGuard, IngestLimits, IngestTokens};
 use crate::adapters::kubernetes::{self, leader::LeaseConfig};
 use crate::adapters::kv_events::supervisor::Subscribers;
 use crate::adapters::metrics::Metrics;
@@ -239,8 +239,7 @@ pub async fn run_until(
         .map(IngestTokens::load)
         .transpose()?;
     let tls = ingest_tls(&args)?;
-    if tokens.is_none() && args.ingest_client_ca.is_none() && !args.ingest_addr.ip().is_loopback()
-    {
+    if tokens.is_none() && args.ingest_client_ca.is_none() && !args.ingest_addr.ip().is_loopback() {
         tracing::warn!(ingest = %args.ingest_addr,
             "the ingest listener has neither --ingest-token-file nor --ingest-client-ca: \
              anyone who reaches it can write the index");
@@ -274,9 +273,8 @@ pub async fn run_until(
         follow_snapshots(router.clone(), subscribers.clone())
             .instrument(tracing::info_span!("kv_event_supervisor")),
     );
-    let maintenance = tokio::spawn(
-        maintain(router.clone()).instrument(tracing::info_span!("index_maintenance")),
-    );
+    let maintenance =
+        tokio::spawn(maintain(router.clone()).instrument(tracing::info_span!("index_maintenance")));
 
     let drain = Drain::new();
     let ext_proc = ExtProc::new(
@@ -329,10 +327,7 @@ pub async fn run_until(
         ingest_builder
             .add_service(health_service)
             .add_service(ingest_api)
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(ingest_listener),
-                drained(&drain),
-            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(ingest_listener), drained(&drain))
             .instrument(tracing::info_span!("ingest_server", addr = %args.ingest_addr)),
     );
     // The admin server outlives the drain, so /readyz shows it.
@@ -399,8 +394,10 @@ pub async fn run_until(
         }
     };
     if !(grpc_done && ingest_done) {
-        tracing::warn!(ext_proc_streams = drain.in_flight(),
-            "drain deadline passed (or cut short): closing the remaining streams and calls");
+        tracing::warn!(
+            ext_proc_streams = drain.in_flight(),
+            "drain deadline passed (or cut short): closing the remaining streams and calls"
+        );
         grpc.abort();
         ingest.abort();
     }
@@ -410,7 +407,10 @@ pub async fn run_until(
         .await;
     background();
     admin_stop.start();
-    if tokio::time::timeout(Duration::from_secs(2), &mut admin).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(2), &mut admin)
+        .await
+        .is_err()
+    {
         admin.abort();
     }
     tracing::info!("drained; exiting");
@@ -421,10 +421,7 @@ type CacheServer = crate::proto::v1::cache_service_server::CacheServiceServer<Ca
 type ExtProcServer = envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>;
 
 /// A server task that ended before any signal: always an error.
-fn ended(
-    what: &str,
-    r: Result<anyhow::Result<()>, tokio::task::JoinError>,
-) -> anyhow::Error {
+fn ended(what: &str, r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
     match r {
         Ok(Ok(())) => anyhow::anyhow!("{what} stopped unexpectedly"),
         Ok(Err(e)) => e.context(format!("{what} failed")),

@@ -404,7 +404,11 @@ async fn tls_client(
 
 #[tokio::test]
 async fn mtls_admits_certified_callers_only_and_names_them() {
-    let f = |n: &str| repo(&format!("tests/fixtures/tls/{n}")).display().to_string();
+    let f = |n: &str| {
+        repo(&format!("tests/fixtures/tls/{n}"))
+            .display()
+            .to_string()
+    };
     let (cert, key, ca) = (f("server.pem"), f("server.key"), f("ca.pem"));
     let s = Sidecar::start(
         "mtls",
@@ -455,10 +459,7 @@ fn bad_ingest_flags_are_clear_errors() {
             "--ingest-token-file",
         ),
         (
-            vec![
-                "--ingest-token-file".into(),
-                short.display().to_string(),
-            ],
+            vec!["--ingest-token-file".into(), short.display().to_string()],
             "at least 16",
         ),
         (
@@ -469,7 +470,10 @@ fn bad_ingest_flags_are_clear_errors() {
             vec!["--ingest-tls-cert".into(), "/x/cert.pem".into()],
             "--ingest-tls-key",
         ),
-        (vec!["--drain-timeout".into(), "soon".into()], "not a duration"),
+        (
+            vec!["--drain-timeout".into(), "soon".into()],
+            "not a duration",
+        ),
     ];
     for (extra, want) in cases {
         let out = Command::new(BIN)

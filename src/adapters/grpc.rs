@@ -75,7 +75,11 @@ impl CacheApi {
 
     /// IngestEvents and ReportStats behind `guard`; LookupRoute is refused with a
     /// pointer to `--grpc-addr`.
-    pub fn ingest_only(router: Arc<Router>, metrics: Arc<Metrics>, guard: Arc<IngestGuard>) -> Self {
+    pub fn ingest_only(
+        router: Arc<Router>,
+        metrics: Arc<Metrics>,
+        guard: Arc<IngestGuard>,
+    ) -> Self {
         Self {
             role: Role::Ingest,
             guard: Some(guard),

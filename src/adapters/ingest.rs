@@ -246,11 +246,17 @@ impl IngestGuard {
     }
 
     /// Authenticates a call and charges its cost to the caller; returns the caller.
-    pub fn admit<T>(&self, rpc: &'static str, req: &Request<T>, cost: Cost) -> Result<String, Status> {
+    pub fn admit<T>(
+        &self,
+        rpc: &'static str,
+        req: &Request<T>,
+        cost: Cost,
+    ) -> Result<String, Status> {
         let caller = match self.authenticate(req) {
             Ok(c) => c,
             Err((who, status)) => {
-                self.metrics.record_ingest_caller(&who, rpc, "unauthenticated");
+                self.metrics
+                    .record_ingest_caller(&who, rpc, "unauthenticated");
                 return Err(status);
             }
         };
@@ -259,7 +265,8 @@ impl IngestGuard {
             self.metrics.record_ingest_limited(&caller, limit);
             return Err(status);
         }
-        self.metrics.record_ingest_admitted(&caller, cost.events, cost.entries);
+        self.metrics
+            .record_ingest_admitted(&caller, cost.events, cost.entries);
         Ok(caller)
     }
 

@@ -145,7 +145,9 @@ async fn readyz_goes_false_once_draining() {
     drain.start();
     let after = readyz(State(state)).await;
     assert_eq!(after.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let body = axum::body::to_bytes(after.into_body(), 1 << 20).await.unwrap();
+    let body = axum::body::to_bytes(after.into_body(), 1 << 20)
+        .await
+        .unwrap();
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["ready"], false);
     assert_eq!(v["draining"], true);

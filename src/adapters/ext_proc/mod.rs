@@ -208,9 +208,8 @@ impl ExternalProcessor for ExtProc {
         };
         let inbound = request.into_inner();
         let state = (inbound, self.clone(), Vec::new(), open);
-        let replies = futures::stream::unfold(
-            state,
-            |(mut inbound, this, mut echo, open)| async move {
+        let replies =
+            futures::stream::unfold(state, |(mut inbound, this, mut echo, open)| async move {
                 loop {
                     // A reset or closed stream just ends ours: Envoy has moved on.
                     let msg = inbound.message().await.ok()??;
@@ -218,8 +217,7 @@ impl ExternalProcessor for ExtProc {
                         return Some((Ok(reply), (inbound, this, echo, open)));
                     }
                 }
-            },
-        );
+            });
         Ok(Response::new(Box::pin(replies)))
     }
 }

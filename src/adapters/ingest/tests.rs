@@ -40,7 +40,10 @@ fn token_files_name_callers_and_refuse_bad_lines() {
         ("a:short", "at least 16"),
         ("bad name:aaaaaaaaaaaaaaaaaaaa", "caller name"),
         (":aaaaaaaaaaaaaaaaaaaa", "caller name"),
-        ("a:aaaaaaaaaaaaaaaaaaaa\na:bbbbbbbbbbbbbbbbbbbbbb", "used twice"),
+        (
+            "a:aaaaaaaaaaaaaaaaaaaa\na:bbbbbbbbbbbbbbbbbbbbbb",
+            "used twice",
+        ),
         ("a:aaaaaaaaaa\u{e9}aaaaaaaaaa", "printable ASCII"),
     ] {
         let e = IngestTokens::parse(text).unwrap_err();
@@ -69,15 +72,28 @@ fn tokens_gate_the_call_with_unauthenticated() {
         entries: 1,
     };
     let ok = guard
-        .admit("IngestEvents", &req_with(Some(&format!("Bearer {TOKEN_A}"))), cost)
+        .admit(
+            "IngestEvents",
+            &req_with(Some(&format!("Bearer {TOKEN_A}"))),
+            cost,
+        )
         .unwrap();
     assert_eq!(ok, "token:engine-a");
-    for auth in [None, Some("Bearer nope-nope-nope-nope"), Some(TOKEN_A), Some("Basic x")] {
+    for auth in [
+        None,
+        Some("Bearer nope-nope-nope-nope"),
+        Some(TOKEN_A),
+        Some("Basic x"),
+    ] {
         let e = guard
             .admit("IngestEvents", &req_with(auth), cost)
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{auth:?}");
-        assert!(e.message().contains("oken") || e.message().contains("Bearer"), "{}", e.message());
+        assert!(
+            e.message().contains("oken") || e.message().contains("Bearer"),
+            "{}",
+            e.message()
+        );
     }
     let text = m.encode().unwrap();
     assert!(
@@ -113,7 +129,11 @@ fn buckets_refuse_over_the_rate_and_refill_with_time() {
     let (limit, e) = guard.charge("ip:a", ev(1), t0).unwrap_err();
     assert_eq!(limit, "events");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted);
-    assert!(e.message().contains("ip:a") && e.message().contains("10 events/s"), "{}", e.message());
+    assert!(
+        e.message().contains("ip:a") && e.message().contains("10 events/s"),
+        "{}",
+        e.message()
+    );
     // Another caller has its own bucket.
     guard.charge("ip:b", ev(10), t0).unwrap();
     // Half a second refills half the bucket.

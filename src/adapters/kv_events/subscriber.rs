@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tracing::Instrument;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::decode::{self, EngineEvent};
@@ -451,7 +451,10 @@ mod tests {
         let sub = Subscriber::spawn(config, router, metrics);
         tokio::time::sleep(Duration::from_millis(120)).await;
         let started = tokio::time::Instant::now();
-        assert!(sub.close(Duration::from_secs(2)).await, "both tasks end on their own");
+        assert!(
+            sub.close(Duration::from_secs(2)).await,
+            "both tasks end on their own"
+        );
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 }
