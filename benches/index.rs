@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use inferencecache::core::Router;
-use inferencecache::core::decision::outcome::ReasonCode;
-use inferencecache::core::decision::request::LookupRequest;
-use inferencecache::core::index::{IndexConfig, IndexEvent, IngestBatch};
-use inferencecache::core::scope::ScopeRef;
-use inferencecache::core::snapshot::PolicySnapshot;
-use inferencecache::core::time::Timestamp;
+use inferencecache_core::Router;
+use inferencecache_core::decision::outcome::ReasonCode;
+use inferencecache_core::decision::request::LookupRequest;
+use inferencecache_core::index::{IndexConfig, IndexEvent, IngestBatch};
+use inferencecache_core::scope::ScopeRef;
+use inferencecache_core::snapshot::PolicySnapshot;
+use inferencecache_core::time::Timestamp;
 
 const REPLICAS: usize = 32;
 const SEQUENCES: usize = 16_000;

@@ -39,7 +39,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use futures::Stream;
 use inferencecache::proto::v1 as pb;
 use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
-use inferencecache::sim::process::{find_envoy, free_addr};
+use inferencecache_sim::process::{find_envoy, free_addr};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -51,6 +51,14 @@ def sidecar_binary() -> str:
     return str(path)
 
 
+def sim_binary() -> str:
+    """The simulator/benchmark binary (`inferencecache-sim`), beside the sidecar's."""
+    path = pathlib.Path(os.environ.get("INFERENCECACHE_SIM_BIN", pathlib.Path(sidecar_binary()).with_name("inferencecache-sim")))
+    if not path.exists():
+        raise RuntimeError(f"simulator binary not found at {path}; run `cargo build --bin inferencecache-sim` first")
+    return str(path)
+
+
 class Upstream:
     """A tiny HTTP server that answers with its replica id."""
 

@@ -1,4 +1,4 @@
-"""Smoke run of the routing benchmark (`inferencecache bench-routing`).
+"""Smoke run of the routing benchmark (`inferencecache-sim bench-routing`).
 
 A shrunken version of the README's demo: simulated engines, the sidecar and a real
 Envoy, every router, every workload. It checks the harness end to end (the table,
@@ -9,7 +9,7 @@ the full-size figures live in docs/benchmarks.md.
 import json
 import subprocess
 
-from conftest import envoy_binary, sidecar_binary
+from conftest import envoy_binary, sidecar_binary, sim_binary
 
 ROUTERS = ["round-robin", "random", "least-request", "inferencecache", "inferencecache-tuned", "oracle"]
 WORKLOADS = ["shared-prefix", "multi-turn", "rag"]
@@ -19,9 +19,10 @@ def test_bench_routing_smoke(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [
-            sidecar_binary(),
+            sim_binary(),
             "bench-routing",
             "--envoy", envoy_binary(),
+            "--sidecar", sidecar_binary(),
             "--engines", "2",
             "--shrink", "8",
             "--capacity-blocks", "384",

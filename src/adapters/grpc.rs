@@ -243,6 +243,7 @@ pub fn lookup_response(decision: &Decision) -> pb::LookupRouteResponse {
         strategy: strategy(decision.strategy) as i32,
         reason_code: reason_code(decision.reason) as i32,
         policy_revision: decision.policy_revision.to_string(),
+        spilled_from: decision.spilled_from().unwrap_or_default().to_string(),
     }
 }
 

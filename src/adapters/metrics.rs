@@ -52,6 +52,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PathLabels {
     path: &'static str,
 }
@@ -101,6 +106,7 @@ pub struct Metrics {
     registry: Registry,
     decisions: Family<DecisionLabels, Counter>,
     decision_latency: Family<PathLabels, Histogram>,
+    load_spills: Family<ReasonLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
     caller_calls: Family<CallerCallLabels, Counter>,
@@ -129,6 +135,12 @@ impl Metrics {
             "decision_latency_seconds",
             "Time to decide one request, from parsed input to answer",
             decision_latency.clone(),
+        );
+        let load_spills = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "load_spills",
+            "Routed requests the load rule moved off the cache's first choice, by reason code",
+            load_spills.clone(),
         );
         let ingest_calls = Family::<RpcLabels, Counter>::default();
         registry.register(
@@ -189,6 +201,7 @@ impl Metrics {
             registry,
             decisions,
             decision_latency,
+            load_spills,
             ingest_calls,
             ingest_events,
             caller_calls,
@@ -266,6 +279,15 @@ impl Metrics {
                 path: path.as_str(),
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A routed request the load rule moved (`x-inferencecache-spilled-from`).
+    pub fn record_spill(&self, reason: ReasonCode) {
+        self.load_spills
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// One IngestEvents or ReportStats call (`rpc` is the RPC name).

@@ -24,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
 use crate::core::policy::{
-    AffinityRouting, EvictionAlgorithm, FloorScore, PolicyError, ResolvedPolicy, StrategyGates,
-    parse_duration,
+    AffinityRouting, EvictionAlgorithm, FloorScore, LoadAwareness, LoadBalancing, PolicyError,
+    ResolvedPolicy, StrategyGates, parse_duration,
 };
 use crate::core::scope::{PROBE_TENANT, ScopeRef};
 use crate::core::snapshot::{BackendDecl, DeclaredReplica, NamespacePolicy, PolicySnapshot};
@@ -308,6 +308,7 @@ pub fn resolve_policy(
     let minimum_matched_tokens =
         non_negative("spec.minimumMatchedTokens", spec.minimum_matched_tokens);
     let lookup_timeout_ms = non_negative("spec.lookupTimeoutMs", spec.lookup_timeout_ms);
+    let load_slack = non_negative("spec.loadBalancing.slack", spec.load_balancing.slack);
 
     let routing_floor_score = spec
         .routing_floor_score
@@ -326,6 +327,18 @@ pub fn resolve_policy(
         errors.push(("spec.evictionTTL", e.to_string()));
         ResolvedPolicy::DEFAULT_EVICTION_TTL
     });
+    let lb = &spec.load_balancing;
+    let load_balancing = LoadBalancing {
+        factor: LoadBalancing::parse_factor(&lb.factor).unwrap_or_else(|e| {
+            errors.push(("spec.loadBalancing.factor", e.to_string()));
+            LoadBalancing::default().factor
+        }),
+        slack: load_slack,
+        stats_max_age: parse_duration(&lb.stats_max_age).unwrap_or_else(|e| {
+            errors.push(("spec.loadBalancing.statsMaxAge", e.to_string()));
+            LoadBalancing::DEFAULT_STATS_MAX_AGE
+        }),
+    };
 
     let policy = ResolvedPolicy {
         eviction: match spec.eviction {
@@ -346,6 +359,11 @@ pub fn resolve_policy(
             cache_policy::AffinityRouting::Enabled => AffinityRouting::Enabled,
             cache_policy::AffinityRouting::Disabled => AffinityRouting::Disabled,
         },
+        load_awareness: match spec.load_awareness {
+            cache_policy::LoadAwareness::Enabled => LoadAwareness::Enabled,
+            cache_policy::LoadAwareness::Disabled => LoadAwareness::Disabled,
+        },
+        load_balancing,
     };
     if errors.is_empty() {
         match policy.validate() {

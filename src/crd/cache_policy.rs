@@ -86,6 +86,15 @@ pub struct CachePolicySpec {
     /// The consistent-hash fallback on the StrategyNone branch.
     #[serde(default)]
     pub affinity_routing: AffinityRouting,
+
+    /// Whether replica load may move a pick off the cache's first choice (bounded
+    /// load over the same candidates). Disabled gives exactly the seed's decision.
+    #[serde(default)]
+    pub load_awareness: LoadAwareness,
+
+    /// Tuning of the load rule.
+    #[serde(default)]
+    pub load_balancing: LoadBalancing,
 }
 
 fn default_eviction_ttl() -> String {
@@ -112,6 +121,59 @@ impl Default for CachePolicySpec {
             lookup_timeout_ms: 0,
             strategy: PolicyStrategy::default(),
             affinity_routing: AffinityRouting::default(),
+            load_awareness: LoadAwareness::default(),
+            load_balancing: LoadBalancing::default(),
+        }
+    }
+}
+
+/// `spec.loadAwareness`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadAwareness {
+    #[default]
+    Enabled,
+    Disabled,
+}
+
+/// `spec.loadBalancing`: a replica is overloaded when placing a request would take
+/// it past `factor × mean + slack` requests (the mean over the scope's serving
+/// replicas).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancing {
+    /// How far above the mean a replica may run, a decimal string of at least 1.
+    #[serde(default = "default_load_factor")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?$"))]
+    pub factor: String,
+    /// Requests a replica may run above `factor × mean` before it counts as
+    /// overloaded.
+    #[serde(default = "default_load_slack")]
+    #[schemars(range(min = 0))]
+    pub slack: i32,
+    /// Engine-reported load older than this (a Go duration) is ignored.
+    #[serde(default = "default_stats_max_age")]
+    #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub stats_max_age: String,
+}
+
+fn default_load_factor() -> String {
+    "1.25".to_string()
+}
+
+fn default_load_slack() -> i32 {
+    2
+}
+
+fn default_stats_max_age() -> String {
+    "5s".to_string()
+}
+
+impl Default for LoadBalancing {
+    fn default() -> Self {
+        Self {
+            factor: default_load_factor(),
+            slack: default_load_slack(),
+            stats_max_age: default_stats_max_age(),
         }
     }
 }

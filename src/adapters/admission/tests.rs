@@ -410,3 +410,15 @@ async fn https_round_trip_on_loopback() {
 fn bytes_of(v: Vec<u8>) -> axum::body::Bytes {
     axum::body::Bytes::from(v)
 }
+
+#[test]
+fn policy_load_tuning_is_checked() {
+    admitted(
+        "CachePolicy",
+        json!({"loadAwareness": "Disabled", "loadBalancing": {"factor": "2", "slack": 0, "statsMaxAge": "1s"}}),
+    );
+    let m = denied("CachePolicy", json!({"loadBalancing": {"factor": "0.9"}}));
+    assert!(m.contains("loadBalancing.factor"), "{m}");
+    let m = denied("CachePolicy", json!({"loadAwareness": "Maybe"}));
+    assert!(m.contains("loadAwareness"), "{m}");
+}

@@ -25,6 +25,8 @@ pub const REASON: &str = "x-inferencecache-reason";
 pub const REPLICA: &str = "x-inferencecache-replica";
 pub const SCORE: &str = "x-inferencecache-score";
 pub const MATCHED_TOKENS: &str = "x-inferencecache-matched-tokens";
+/// Set when the load rule moved the pick: the replica the cache preferred (§12).
+pub const SPILLED_FROM: &str = "x-inferencecache-spilled-from";
 /// Why a request got no hint when its headers were malformed (debug only).
 pub const DETAIL: &str = "x-inferencecache-detail";
 /// The policy revision that decided (debug only).

@@ -21,6 +21,7 @@ pub mod verdict;
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
@@ -37,12 +38,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::adapters::drain::{Drain, StreamGuard};
 use crate::adapters::metrics::Metrics;
 use crate::core::Router;
+use crate::core::load::Inflight;
 use crate::core::time::Timestamp;
 use headers::RoutingHeaders;
 pub use verdict::{DestinationMode, ExtProcConfig, Verdict};
@@ -95,16 +97,18 @@ impl ExtProc {
         ExternalProcessorServer::new(self)
     }
 
-    /// Answers one message; `echo` carries the debug headers from request to response.
+    /// Answers one message. `stream` carries what lives from request to response:
+    /// the debug headers to echo and the routed request's in-flight count.
     fn answer(
         &self,
         msg: ProcessingRequest,
-        echo: &mut Vec<HeaderValueOption>,
+        stream: &mut StreamState,
     ) -> Option<ProcessingResponse> {
+        let echo = &mut stream.echo;
         let reply = match msg.request? {
             Message::RequestHeaders(h) => {
                 let parsed = RoutingHeaders::parse(header_pairs(h.headers.as_ref()));
-                let verdict = Verdict::decide(
+                let (verdict, inflight) = Verdict::decide_and_admit(
                     &self.router,
                     &self.metrics,
                     &self.config,
@@ -116,17 +120,25 @@ impl ExtProc {
                     .iter()
                     .map(|(k, v)| set_header(k, v))
                     .collect();
-                return Some(self.request_headers_reply(&verdict, echo.is_empty()));
+                // A counted request needs the response headers (the end of its
+                // prefill) to be released; otherwise skip that round trip.
+                let skip_response = echo.is_empty() && inflight.is_none();
+                stream.inflight = inflight;
+                return Some(self.request_headers_reply(&verdict, skip_response));
             }
-            Message::ResponseHeaders(_) => Reply::ResponseHeaders(HeadersResponse {
-                response: Some(CommonResponse {
-                    header_mutation: (!echo.is_empty()).then(|| HeaderMutation {
-                        set_headers: std::mem::take(echo),
-                        remove_headers: Vec::new(),
+            Message::ResponseHeaders(_) => {
+                // The first byte of the response: prefill is over.
+                stream.inflight = None;
+                Reply::ResponseHeaders(HeadersResponse {
+                    response: Some(CommonResponse {
+                        header_mutation: (!echo.is_empty()).then(|| HeaderMutation {
+                            set_headers: std::mem::take(echo),
+                            remove_headers: Vec::new(),
+                        }),
+                        ..CommonResponse::default()
                     }),
-                    ..CommonResponse::default()
-                }),
-            }),
+                })
+            }
             Message::RequestBody(_) => Reply::RequestBody(BodyResponse::default()),
             Message::ResponseBody(_) => Reply::ResponseBody(BodyResponse::default()),
             Message::RequestTrailers(_) => Reply::RequestTrailers(TrailersResponse::default()),
@@ -188,6 +200,22 @@ impl ExtProc {
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
 
+/// How long a routed request may count as in flight without its response headers
+/// arriving: a lost stream must never inflate a replica's load for good.
+pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
+
+/// What one ext_proc stream keeps between its messages.
+#[derive(Default)]
+struct StreamState {
+    echo: Vec<HeaderValueOption>,
+    /// Released on the response headers, when the stream ends (dropped with the
+    /// state), or after [`INFLIGHT_AGE_OUT`].
+    inflight: Option<Inflight>,
+    admitted_at: Option<tokio::time::Instant>,
+    /// Counts the stream for the drain and the gauge until it ends.
+    _open: Option<OpenStream>,
+}
+
 #[tonic::async_trait]
 impl ExternalProcessor for ExtProc {
     type ProcessStream = ReplyStream;
@@ -207,19 +235,46 @@ impl ExternalProcessor for ExtProc {
             metrics: self.metrics.clone(),
         };
         let inbound = request.into_inner();
-        let state = (inbound, self.clone(), Vec::new(), open);
-        let replies =
-            futures::stream::unfold(state, |(mut inbound, this, mut echo, open)| async move {
-                loop {
-                    // A reset or closed stream just ends ours: Envoy has moved on.
-                    let msg = inbound.message().await.ok()??;
-                    if let Some(reply) = this.answer(msg, &mut echo) {
-                        return Some((Ok(reply), (inbound, this, echo, open)));
+        let state = (
+            inbound,
+            self.clone(),
+            StreamState {
+                _open: Some(open),
+                ..StreamState::default()
+            },
+        );
+        let replies = futures::stream::unfold(state, |(mut inbound, this, mut st)| async move {
+            loop {
+                // A reset or closed stream just ends ours (and drops its in-flight
+                // count with the state): Envoy has moved on.
+                let msg = next_message(&mut st, &mut inbound).await?;
+                let had = st.inflight.is_some();
+                if let Some(reply) = this.answer(msg, &mut st) {
+                    if !had && st.inflight.is_some() {
+                        st.admitted_at = Some(tokio::time::Instant::now());
                     }
+                    return Some((Ok(reply), (inbound, this, st)));
                 }
-            });
+            }
+        });
         Ok(Response::new(Box::pin(replies)))
     }
+}
+
+/// The stream's next message. A counted request whose response headers have not
+/// come within [`INFLIGHT_AGE_OUT`] is released first, and the wait goes on.
+/// An error or the end of the inbound stream is `None`.
+async fn next_message<S, E>(st: &mut StreamState, inbound: &mut S) -> Option<ProcessingRequest>
+where
+    S: Stream<Item = Result<ProcessingRequest, E>> + Unpin,
+{
+    if let (Some(_), Some(at)) = (&st.inflight, st.admitted_at) {
+        match tokio::time::timeout_at(at + INFLIGHT_AGE_OUT, inbound.next()).await {
+            Ok(m) => return m?.ok(),
+            Err(_) => st.inflight = None,
+        }
+    }
+    inbound.next().await?.ok()
 }
 
 /// Header name/value pairs of an Envoy header map; Envoy may send either the text

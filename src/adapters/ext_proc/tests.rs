@@ -9,6 +9,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, HttpT
 const CHAIN: [u64; 6] = [0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6];
 
 fn mk_snapshot(replicas: &[(&str, &str)]) -> PolicySnapshot {
+    mk_snapshot_with(replicas, ResolvedPolicy::default())
+}
+
+fn mk_snapshot_with(replicas: &[(&str, &str)], policy: ResolvedPolicy) -> PolicySnapshot {
     let backend = BackendDecl {
         namespace: "team-a".into(),
         name: "llama".into(),
@@ -30,17 +34,32 @@ fn mk_snapshot(replicas: &[(&str, &str)]) -> PolicySnapshot {
             })
             .collect(),
     };
-    PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])
+    PolicySnapshot::new(policy, vec![], vec![backend])
 }
 
 /// Three declared replicas; r1 holds CHAIN.
 fn mk_service(config: ExtProcConfig) -> ExtProc {
+    mk_service_with(config, ResolvedPolicy::default())
+}
+
+/// The seed's decision: the load rule off (no in-flight counting either).
+fn seed_policy() -> ResolvedPolicy {
+    ResolvedPolicy {
+        load_awareness: crate::core::policy::LoadAwareness::Disabled,
+        ..ResolvedPolicy::default()
+    }
+}
+
+fn mk_service_with(config: ExtProcConfig, policy: ResolvedPolicy) -> ExtProc {
     let now = Timestamp::now();
-    let snapshot = mk_snapshot(&[
-        ("r1", "127.0.0.1:8001"),
-        ("r2", "127.0.0.1:8002"),
-        ("r3", "127.0.0.1:8003"),
-    ]);
+    let snapshot = mk_snapshot_with(
+        &[
+            ("r1", "127.0.0.1:8001"),
+            ("r2", "127.0.0.1:8002"),
+            ("r3", "127.0.0.1:8003"),
+        ],
+        policy,
+    );
     let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
     let events = [IndexEvent::Stored {
         parent: None,
@@ -96,9 +115,9 @@ fn ask(
     pairs: &[(&'static str, String)],
 ) -> (ProcessingResponse, Vec<HeaderValueOption>) {
     let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut echo = Vec::new();
-    let reply = svc.answer(mk_request(&borrowed), &mut echo).unwrap();
-    (reply, echo)
+    let mut stream = StreamState::default();
+    let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
+    (reply, stream.echo)
 }
 
 fn common(reply: &ProcessingResponse) -> &CommonResponse {
@@ -152,12 +171,105 @@ fn a_held_chain_routes_to_its_holder_with_every_write() {
         lb.fields[LB_METADATA_KEY].kind,
         Some(Kind::StringValue("127.0.0.1:8001".into()))
     );
-    // No debug asked: Envoy is told not to send the response headers.
+    // No debug asked, but the routed request counts as in flight until its
+    // response headers: Envoy must send them (no mode override).
+    assert!(echo.is_empty());
+    assert!(reply.mode_override.is_none());
+}
+
+#[test]
+fn with_the_load_rule_off_envoy_skips_the_response_headers() {
+    let svc = mk_service_with(ExtProcConfig::default(), seed_policy());
+    let (reply, echo) = ask(&svc, &chain_headers(&[]));
+    assert_eq!(set_value(common(&reply), REPLICA).as_deref(), Some("r1"));
     assert!(echo.is_empty());
     assert_eq!(
         reply.mode_override.map(|m| m.response_header_mode),
         Some(HeaderSendMode::Skip as i32)
     );
+}
+
+fn inflight_of(svc: &ExtProc, id: &str) -> u64 {
+    svc.router
+        .view(Timestamp::now())
+        .replicas
+        .iter()
+        .find(|r| r.replica_id == id)
+        .map_or(0, |r| r.inflight_requests)
+}
+
+/// Sends the chain request on a new stream and returns the stream's state.
+fn routed(svc: &ExtProc) -> (ProcessingResponse, StreamState) {
+    let pairs = chain_headers(&[]);
+    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut stream = StreamState::default();
+    let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
+    (reply, stream)
+}
+
+#[test]
+fn a_routed_request_is_in_flight_until_its_response_headers_or_stream_end() {
+    let svc = mk_service(ExtProcConfig::default());
+    let (_, mut first) = routed(&svc);
+    let (_, second) = routed(&svc);
+    assert_eq!(inflight_of(&svc, "r1"), 2);
+    let resp = ProcessingRequest {
+        request: Some(Message::ResponseHeaders(HttpHeaders::default())),
+        ..ProcessingRequest::default()
+    };
+    svc.answer(resp, &mut first).unwrap();
+    assert_eq!(inflight_of(&svc, "r1"), 1, "released on response headers");
+    drop(second);
+    assert_eq!(inflight_of(&svc, "r1"), 0, "released when the stream ends");
+    drop(first);
+    assert_eq!(inflight_of(&svc, "r1"), 0, "released once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_that_never_comes_ages_out() {
+    let svc = mk_service(ExtProcConfig::default());
+    let (_, mut st) = routed(&svc);
+    st.admitted_at = Some(tokio::time::Instant::now());
+    assert_eq!(inflight_of(&svc, "r1"), 1);
+    let mut silent = futures::stream::pending::<Result<ProcessingRequest, Status>>();
+    let waited = tokio::time::timeout(
+        INFLIGHT_AGE_OUT + Duration::from_secs(1),
+        next_message(&mut st, &mut silent),
+    )
+    .await;
+    assert!(waited.is_err(), "the stream itself stays open");
+    assert!(st.inflight.is_none());
+    assert_eq!(inflight_of(&svc, "r1"), 0);
+}
+
+#[test]
+fn an_overloaded_holder_spills_and_says_where_from() {
+    let svc = mk_service(ExtProcConfig::default());
+    // r1 holds the chain; three replicas: mean (k + 1) / 3, bound 1.25 × mean + 2.
+    let held: Vec<StreamState> = (0..6).map(|_| routed(&svc).1).collect();
+    let (reply, _spilled) = routed(&svc);
+    let c = common(&reply);
+    assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
+    assert_eq!(set_value(c, SPILLED_FROM).as_deref(), Some("r1"));
+    let to = set_value(c, REPLICA).expect("a pick");
+    assert_ne!(to, "r1");
+    assert_ne!(
+        set_value(c, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8001")
+    );
+    // Every routed request is counted where it went; r1 stopped at its bound.
+    let total: u64 = ["r1", "r2", "r3"]
+        .iter()
+        .map(|id| inflight_of(&svc, id))
+        .sum();
+    assert_eq!(total, 7);
+    assert!(inflight_of(&svc, "r1") < 7 && inflight_of(&svc, &to) >= 1);
+    drop(held);
+    // Balanced again: the holder, and a forged spilled-from header is removed.
+    let (reply, _) = ask(&svc, &chain_headers(&[(SPILLED_FROM, "r9")]));
+    let c = common(&reply);
+    assert_eq!(set_value(c, REPLICA).as_deref(), Some("r1"));
+    assert!(removed(c, SPILLED_FROM));
 }
 
 #[test]
@@ -207,8 +319,12 @@ fn malformed_headers_give_no_hint_and_say_why_when_debugging() {
         request: Some(Message::ResponseHeaders(HttpHeaders::default())),
         ..ProcessingRequest::default()
     };
-    let mut echo = echo;
-    let out = svc.answer(resp, &mut echo).unwrap();
+    let mut stream = StreamState {
+        echo,
+        ..StreamState::default()
+    };
+    let out = svc.answer(resp, &mut stream).unwrap();
+    let echo = stream.echo;
     let Some(Reply::ResponseHeaders(h)) = out.response else {
         panic!("not a response headers reply")
     };
@@ -222,10 +338,13 @@ fn malformed_headers_give_no_hint_and_say_why_when_debugging() {
 
 #[test]
 fn debug_echo_can_be_disabled_by_the_operator() {
-    let svc = mk_service(ExtProcConfig {
-        debug_headers_allowed: false,
-        ..ExtProcConfig::default()
-    });
+    let svc = mk_service_with(
+        ExtProcConfig {
+            debug_headers_allowed: false,
+            ..ExtProcConfig::default()
+        },
+        seed_policy(),
+    );
     let (reply, echo) = ask(&svc, &chain_headers(&[(DEBUG, "1")]));
     assert!(echo.is_empty());
     assert!(reply.mode_override.is_some());
@@ -286,7 +405,7 @@ fn configured_destination_header_name_is_used() {
 #[test]
 fn messages_it_does_not_use_get_an_empty_continue() {
     let svc = mk_service(ExtProcConfig::default());
-    let mut echo = Vec::new();
+    let mut echo = StreamState::default();
     let bodies = [
         Message::RequestBody(HttpBody::default()),
         Message::ResponseBody(HttpBody::default()),

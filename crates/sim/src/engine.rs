@@ -1,0 +1,579 @@
+//! The simulated inference engine: an OpenAI-style completions server over
+//! token ids with a [`PrefixCache`], vLLM-format KV events and a simple cost
+//! model. The routing benchmark runs a fleet of these behind Envoy.
+//!
+//! ```text
+//!  POST /v1/completions ─▶ FIFO queue ─▶ one of max_running slots
+//!     ─▶ admit (cache lock: hits counted, blocks touched/inserted/evicted, ticket)
+//!     ─▶ sleep prefill = prefill_us_per_token × uncached prompt tokens
+//!     ─▶ publish the admission's events (removed + stored, one batch)
+//!     ─▶ sleep decode = decode_us_per_token × max_tokens ─▶ 200 + usage + timings
+//! ```
+//!
+//! Cost model: a request's service time depends only on its own prompt and
+//! output length. Running requests do not slow each other down (there is no
+//! batching model); the only contention is for the `max_running` slots, which
+//! are handed out in arrival order (tokio's semaphore is fair). Reported
+//! `prefill_ms`/`decode_ms` are the modelled times; `queue_ms` is measured (the
+//! timer rounds sleeps up to the next millisecond, so it can only be longer).
+//!
+//! Events leave at the end of prefill, when the new blocks become reusable, but
+//! in admission order (see [`super::events`]), so they always describe this
+//! cache. A request whose client disconnects still runs to completion: its
+//! cache change has happened and its events must be published.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::cache::PrefixCache;
+use super::events::{EventFormat, EventPublisher, KvEvent, PublisherConfig, admission_events};
+
+/// The response header naming the replica that served a completion.
+pub const REPLICA_HEADER: &str = "x-sim-replica";
+/// `max_tokens` when a request does not say (OpenAI's default).
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+/// Largest cost per token accepted, in microseconds (10 s).
+const MAX_US_PER_TOKEN: f64 = 1e7;
+/// Request bodies up to this size (long prompts as JSON integer arrays).
+const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// One simulated engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Replica id, reported on every response.
+    pub id: String,
+    /// HTTP listen address (port 0: any free port).
+    pub http_addr: SocketAddr,
+    /// ZMQ PUB endpoint the KV events bind (`tcp://host:port`, port 0 allowed).
+    pub events_endpoint: String,
+    /// ZMQ ROUTER endpoint of the replay socket.
+    pub replay_endpoint: String,
+    /// ZMQ topic of every message.
+    pub topic: String,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// KV cache size in blocks.
+    pub capacity_blocks: usize,
+    /// Requests served at once; the rest wait in a FIFO queue.
+    pub max_running: usize,
+    /// Modelled prefill time per uncached prompt token, microseconds.
+    pub prefill_us_per_token: f64,
+    /// Modelled decode time per output token, microseconds.
+    pub decode_us_per_token: f64,
+    /// The engine's `PYTHONHASHSEED` (block hashes are vLLM `sha256_cbor`).
+    pub hash_seed: String,
+    pub event_format: EventFormat,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            id: "sim-0".into(),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            events_endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: "tcp://127.0.0.1:0".into(),
+            topic: String::new(),
+            block_size: 16,
+            capacity_blocks: 2048,
+            max_running: 4,
+            prefill_us_per_token: 50.0,
+            decode_us_per_token: 2000.0,
+            hash_seed: "0".into(),
+            event_format: EventFormat::Map,
+        }
+    }
+}
+
+/// The cache size and cost-model flags, shared by `sim-engine` and `bench-routing`
+/// (whose engines are built from them).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct CostArgs {
+    /// KV cache size in blocks.
+    #[arg(long, default_value_t = 2048)]
+    pub capacity_blocks: usize,
+    /// Requests served at once; the rest queue in arrival order.
+    #[arg(long, default_value_t = 4)]
+    pub max_running: usize,
+    /// Modelled prefill time per uncached prompt token, microseconds.
+    #[arg(long, default_value_t = 50.0)]
+    pub prefill_us_per_token: f64,
+    /// Modelled decode time per output token, microseconds.
+    #[arg(long, default_value_t = 2000.0)]
+    pub decode_us_per_token: f64,
+}
+
+/// `inferencecache sim-engine` flags (see [`EngineConfig`] for their meaning).
+#[derive(Clone, Debug, clap::Args)]
+pub struct EngineArgs {
+    /// Replica id, reported in every response and its x-sim-replica header.
+    #[arg(long, default_value = "sim-0")]
+    pub id: String,
+    /// HTTP listen address (port 0: any free port; the bound one is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
+    /// ZMQ PUB endpoint for KV events (binds; `tcp://*:5557` for all interfaces).
+    #[arg(long, value_name = "ENDPOINT", default_value = "tcp://127.0.0.1:0")]
+    pub kv_events: String,
+    /// ZMQ ROUTER endpoint for KV event replay (binds).
+    #[arg(long, value_name = "ENDPOINT", default_value = "tcp://127.0.0.1:0")]
+    pub kv_replay: String,
+    /// ZMQ topic of the KV event messages.
+    #[arg(long, default_value = "")]
+    pub topic: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    #[command(flatten)]
+    pub costs: CostArgs,
+    /// The engine's PYTHONHASHSEED: block hashes are vLLM sha256_cbor under it.
+    #[arg(long, default_value = "0")]
+    pub hash_seed: String,
+    /// KV event layout: map (current vLLM) or array (older vLLM).
+    #[arg(long, value_enum, default_value_t = EventFormat::Map)]
+    pub event_format: EventFormat,
+}
+
+impl From<EngineArgs> for EngineConfig {
+    fn from(a: EngineArgs) -> Self {
+        Self {
+            id: a.id,
+            http_addr: a.http,
+            events_endpoint: a.kv_events,
+            replay_endpoint: a.kv_replay,
+            topic: a.topic,
+            block_size: a.block_size,
+            capacity_blocks: a.costs.capacity_blocks,
+            max_running: a.costs.max_running,
+            prefill_us_per_token: a.costs.prefill_us_per_token,
+            decode_us_per_token: a.costs.decode_us_per_token,
+            hash_seed: a.hash_seed,
+            event_format: a.event_format,
+        }
+    }
+}
+
+/// `inferencecache sim-engine`: serves until SIGINT/SIGTERM. Prints the bound
+/// addresses as one JSON line on stdout first:
+/// `{"id":..,"http":"ip:port","kv_events":"tcp://..","kv_replay":"tcp://.."}`.
+pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
+    let handle = spawn(args.into()).await?;
+    println!(
+        "{}",
+        json!({
+            "id": handle.id,
+            "http": handle.http_addr.to_string(),
+            "kv_events": handle.events_endpoint,
+            "kv_replay": handle.replay_endpoint,
+        })
+    );
+    inferencecache::serve::shutdown_signal().await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// A running engine; dropping it stops it (its sockets close).
+#[derive(Debug)]
+pub struct EngineHandle {
+    pub id: String,
+    pub http_addr: SocketAddr,
+    pub events_endpoint: String,
+    pub replay_endpoint: String,
+    engine: Arc<Engine>,
+    server: JoinHandle<()>,
+}
+
+impl EngineHandle {
+    /// Stops serving and publishing and waits for the HTTP server to close.
+    pub async fn shutdown(mut self) {
+        self.server.abort();
+        self.engine.publisher.stop();
+        let _ = (&mut self.server).await;
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.engine.publisher.stop();
+    }
+}
+
+/// Starts an engine: binds HTTP and both ZMQ sockets before returning.
+pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
+    let replica_header = HeaderValue::from_str(&config.id)
+        .ok()
+        .filter(|_| !config.id.is_empty())
+        .with_context(|| format!("replica id {:?} is not a non-empty header value", config.id))?;
+    if config.max_running == 0 {
+        bail!("max_running must be at least 1");
+    }
+    for (name, v) in [
+        ("prefill_us_per_token", config.prefill_us_per_token),
+        ("decode_us_per_token", config.decode_us_per_token),
+    ] {
+        if !(0.0..=MAX_US_PER_TOKEN).contains(&v) {
+            bail!("{name} must be between 0 and {MAX_US_PER_TOKEN} microseconds, got {v}");
+        }
+    }
+    let cache = PrefixCache::new(config.capacity_blocks, config.block_size, &config.hash_seed)?;
+    let listener = TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("HTTP address {}", config.http_addr))?;
+    let http_addr = listener.local_addr()?;
+    let publisher = EventPublisher::bind(PublisherConfig {
+        events_endpoint: config.events_endpoint.clone(),
+        replay_endpoint: config.replay_endpoint.clone(),
+        topic: config.topic.clone(),
+        format: config.event_format,
+    })
+    .await?;
+    let engine = Arc::new(Engine {
+        slots: Semaphore::new(config.max_running),
+        cache: Mutex::new(cache),
+        publisher,
+        replica_header,
+        counters: Counters::default(),
+        config,
+    });
+    let app = routes(engine.clone());
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "simulated engine HTTP server failed");
+        }
+    });
+    Ok(EngineHandle {
+        id: engine.config.id.clone(),
+        http_addr,
+        events_endpoint: engine.publisher.events_endpoint().to_string(),
+        replay_endpoint: engine.publisher.replay_endpoint().to_string(),
+        engine,
+        server,
+    })
+}
+
+/// The engine's shared state.
+#[derive(Debug)]
+struct Engine {
+    config: EngineConfig,
+    /// A plain mutex: held only for one admit or lookup, never across an await.
+    cache: Mutex<PrefixCache>,
+    slots: Semaphore,
+    publisher: EventPublisher,
+    replica_header: HeaderValue,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    /// Completions answered since start or the last reset.
+    served: AtomicU64,
+    /// Requests waiting for a slot now.
+    queued: AtomicUsize,
+    /// Requests holding a slot now.
+    running: AtomicUsize,
+    /// Most requests waiting at once since start or the last reset.
+    peak_queued: AtomicUsize,
+    /// Completion ids.
+    next_id: AtomicU64,
+}
+
+fn routes(engine: Arc<Engine>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/cached_prefix", post(cached_prefix))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/stats", get(stats))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(engine)
+}
+
+/// Why a request was refused; nothing changed.
+#[derive(Debug, Error, PartialEq, Eq)]
+enum RequestError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the engine is shutting down")]
+    Unavailable,
+}
+
+impl IntoResponse for RequestError {
+    fn into_response(self) -> Response {
+        let (status, kind) = match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequestError"),
+            Self::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
+        };
+        let body = json!({
+            "error": { "message": self.to_string(), "type": kind, "code": status.as_u16() }
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+/// The fields of a completion request the engine uses; others are ignored.
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<Value>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+}
+
+/// A validated completion request.
+#[derive(Debug, PartialEq, Eq)]
+struct Completion {
+    model: String,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+}
+
+fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
+    let b: CompletionBody = serde_json::from_slice(body)
+        .map_err(|e| RequestError::BadRequest(format!("invalid request body: {e}")))?;
+    Ok(Completion {
+        model: b.model.unwrap_or_default(),
+        prompt: prompt_tokens(b.prompt)?,
+        max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptBody {
+    #[serde(default)]
+    prompt: Option<Value>,
+}
+
+fn parse_prompt(body: &[u8]) -> Result<Vec<u32>, RequestError> {
+    let b: PromptBody = serde_json::from_slice(body)
+        .map_err(|e| RequestError::BadRequest(format!("invalid request body: {e}")))?;
+    prompt_tokens(b.prompt)
+}
+
+/// The prompt as token ids: a non-empty array of u32.
+fn prompt_tokens(prompt: Option<Value>) -> Result<Vec<u32>, RequestError> {
+    let bad = |m: &str| Err(RequestError::BadRequest(m.to_string()));
+    let items = match prompt {
+        None | Some(Value::Null) => {
+            return bad("prompt is missing: send token ids, e.g. \"prompt\": [1, 2, 3]");
+        }
+        Some(Value::String(_)) => {
+            return bad(
+                "prompt is text: the simulated engine has no tokenizer; send token ids \
+                 (an array of integers)",
+            );
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => return bad("prompt must be an array of token ids"),
+    };
+    if items.is_empty() {
+        return bad("prompt is empty");
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| {
+                    RequestError::BadRequest(format!(
+                        "prompt[{i}] is not a token id (an integer 0..=4294967295)"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Modelled time for `tokens` tokens at `us_per_token` (bounded by the config check).
+fn cost(us_per_token: f64, tokens: usize) -> Duration {
+    Duration::try_from_secs_f64(us_per_token * tokens as f64 / 1e6).unwrap_or(Duration::MAX)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What one served completion reports.
+#[derive(Debug)]
+struct Served {
+    cached_tokens: usize,
+    queue: Duration,
+    prefill: Duration,
+    decode: Duration,
+}
+
+impl Engine {
+    /// Queue, admit, prefill, publish, decode.
+    async fn serve(&self, req: &Completion) -> Result<Served, RequestError> {
+        let arrived = Instant::now();
+        let c = &self.counters;
+        // Only a request that finds every slot taken waits (and counts as queued);
+        // try_acquire cannot overtake waiters, released permits go to them first.
+        let permit = match self.slots.try_acquire() {
+            Ok(p) => p,
+            Err(_) => {
+                let waiting = c.queued.fetch_add(1, Ordering::Relaxed) + 1;
+                c.peak_queued.fetch_max(waiting, Ordering::Relaxed);
+                let p = self.slots.acquire().await;
+                c.queued.fetch_sub(1, Ordering::Relaxed);
+                p.map_err(|_| RequestError::Unavailable)?
+            }
+        };
+        c.running.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let (admission, ticket) = {
+            let mut cache = self.cache.lock();
+            let admission = cache.admit(&req.prompt);
+            (admission, self.publisher.ticket())
+        };
+        let cached_tokens = admission.cached_tokens;
+        let prefill = cost(
+            self.config.prefill_us_per_token,
+            req.prompt.len() - cached_tokens,
+        );
+        let decode = cost(self.config.decode_us_per_token, req.max_tokens as usize);
+        sleep_until(started, prefill).await;
+        ticket.publish(admission_events(admission.removed, admission.stored));
+        sleep_until(started, prefill.saturating_add(decode)).await;
+        c.running.fetch_sub(1, Ordering::Relaxed);
+        c.served.fetch_add(1, Ordering::Relaxed);
+        drop(permit);
+        Ok(Served {
+            cached_tokens,
+            queue: started - arrived,
+            prefill,
+            decode,
+        })
+    }
+
+    fn completion_json(&self, req: &Completion, s: &Served) -> Value {
+        let n = self.counters.next_id.fetch_add(1, Ordering::Relaxed);
+        let (prompt, completion) = (req.prompt.len(), req.max_tokens as usize);
+        let queue_ms = ms(s.queue);
+        let prefill_ms = ms(s.prefill);
+        json!({
+            "id": format!("cmpl-{}-{n}", self.config.id),
+            "object": "text_completion",
+            "model": req.model,
+            "choices": [{ "index": 0, "text": "", "finish_reason": "length" }],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": { "cached_tokens": s.cached_tokens },
+            },
+            "sim": {
+                "replica": self.config.id,
+                "queue_ms": queue_ms,
+                "prefill_ms": prefill_ms,
+                "decode_ms": ms(s.decode),
+                "ttft_ms": queue_ms + prefill_ms,
+            },
+        })
+    }
+}
+
+/// Sleeps until `start + after`; deadlines from one start do not accumulate the
+/// timer's rounding.
+async fn sleep_until(start: Instant, after: Duration) {
+    if after.is_zero() {
+        return;
+    }
+    if let Some(deadline) = start.checked_add(after) {
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+async fn completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+    let mut response = match parse_completion(&body) {
+        Err(e) => e.into_response(),
+        Ok(req) => {
+            // A task of its own, so a client that goes away cannot cancel a request
+            // whose cache change has happened but whose events are not yet out.
+            let e = engine.clone();
+            let served = tokio::spawn(async move {
+                let s = e.serve(&req).await;
+                s.map(|s| e.completion_json(&req, &s))
+            })
+            .await;
+            match served {
+                Ok(Ok(body)) => Json(body).into_response(),
+                Ok(Err(e)) => e.into_response(),
+                Err(_) => RequestError::Unavailable.into_response(),
+            }
+        }
+    };
+    response
+        .headers_mut()
+        .insert(REPLICA_HEADER, engine.replica_header.clone());
+    response
+}
+
+async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+    match parse_prompt(&body) {
+        Err(e) => e.into_response(),
+        Ok(prompt) => {
+            let cached = engine.cache.lock().lookup(&prompt);
+            let c = &engine.counters;
+            Json(json!({
+                "cached_tokens": cached,
+                "queued": c.queued.load(Ordering::Relaxed),
+                "running": c.running.load(Ordering::Relaxed),
+            }))
+            .into_response()
+        }
+    }
+}
+
+async fn reset_prefix_cache(State(engine): State<Arc<Engine>>) -> StatusCode {
+    let ticket = {
+        let mut cache = engine.cache.lock();
+        cache.clear();
+        engine.publisher.ticket()
+    };
+    ticket.publish(vec![KvEvent::Cleared]);
+    let c = &engine.counters;
+    c.served.store(0, Ordering::Relaxed);
+    c.peak_queued
+        .store(c.queued.load(Ordering::Relaxed), Ordering::Relaxed);
+    StatusCode::OK
+}
+
+async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
+    let (cached_blocks, capacity_blocks) = {
+        let cache = engine.cache.lock();
+        (cache.len(), cache.capacity())
+    };
+    let c = &engine.counters;
+    Json(json!({
+        "replica": engine.config.id,
+        "served": c.served.load(Ordering::Relaxed),
+        "queued": c.queued.load(Ordering::Relaxed),
+        "running": c.running.load(Ordering::Relaxed),
+        "peak_queued": c.peak_queued.load(Ordering::Relaxed),
+        "cached_blocks": cached_blocks,
+        "capacity_blocks": capacity_blocks,
+    }))
+}
+
+#[cfg(test)]
+mod tests;
