@@ -324,7 +324,6 @@ fn malformed_headers_give_no_hint_and_say_why_when_debugging() {
         ..StreamState::default()
     };
     let out = svc.answer(resp, &mut stream).unwrap();
-    let echo = stream.echo;
     let Some(Reply::ResponseHeaders(h)) = out.response else {
         panic!("not a response headers reply")
     };
