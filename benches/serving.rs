@@ -85,12 +85,14 @@ async fn main() -> anyhow::Result<()> {
     let policy = dir.path().join("policy.yaml");
     std::fs::write(&policy, policy_yaml(&upstreams))?;
     let grpc_addr = free_addr()?;
+    let ingest_addr = free_addr()?;
     let admin_addr = free_addr()?;
     let sidecar = Proc(
         Command::new(env!("CARGO_BIN_EXE_inferencecache"))
             .args(["serve", "--config"])
             .arg(&policy)
             .args(["--grpc-addr", &grpc_addr.to_string()])
+            .args(["--ingest-addr", &ingest_addr.to_string()])
             .args(["--admin-addr", &admin_addr.to_string()])
             .args(["--destination-mode", "override-host"])
             .env("RUST_LOG", "warn")
@@ -102,7 +104,8 @@ async fn main() -> anyhow::Result<()> {
     let chain: Vec<u64> = (1..=CHAIN_BLOCKS)
         .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
         .collect();
-    ingest_chain(channel.clone(), &chain).await?;
+    // IngestEvents lives on the ingest listener (--ingest-addr), not the lookup port.
+    ingest_chain(connect_grpc(ingest_addr).await?, &chain).await?;
 
     // Envoy with three listeners.
     let listeners = [free_addr()?, free_addr()?, free_addr()?];

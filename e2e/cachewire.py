@@ -1,7 +1,9 @@
 """A minimal client for inferencecache.v1.CacheService.IngestEvents.
 
 The messages are hand-encoded protobuf (a handful of fields), sent through
-grpcio's generic unary call, so the harness needs no generated stubs.
+grpcio's generic unary call, so the harness needs no generated stubs. Ingest goes
+to the sidecar's ingest listener (`serve --ingest-addr`), with a bearer token when
+the sidecar runs with `--ingest-token-file`.
 """
 
 import grpc
@@ -66,14 +68,17 @@ def stored_event(hashes, token_counts=()) -> bytes:
     return _bytes_field(1, stored)
 
 
-def ingest(grpc_addr: str, tenant: str, model: str, scheme: str, replica: str,
-           events, endpoint: str = "") -> dict:
-    """Sends one IngestEvents call; returns {"applied": n, "rejected": n}."""
+def ingest(ingest_addr: str, tenant: str, model: str, scheme: str, replica: str,
+           events, endpoint: str = "", token: str | None = None) -> dict:
+    """Sends one IngestEvents call; returns {"applied": n, "rejected": n}.
+
+    Raises grpc.RpcError when the sidecar refuses the call."""
     req = (_string(1, tenant) + _string(2, model) + _string(3, scheme)
            + _string(4, replica) + _string(5, endpoint)
            + b"".join(_bytes_field(6, e) for e in events))
-    with grpc.insecure_channel(grpc_addr) as channel:
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(ingest_addr) as channel:
         call = channel.unary_unary("/inferencecache.v1.CacheService/IngestEvents")
-        raw = call(req, timeout=5)
+        raw = call(req, timeout=5, metadata=metadata)
     fields = _decode_varints(raw)
     return {"applied": fields.get(1, 0), "rejected": fields.get(2, 0)}

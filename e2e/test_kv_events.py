@@ -221,6 +221,7 @@ class KvStack:
         self.proc = subprocess.Popen(
             [sidecar_binary(), "serve", "--config", str(self.policy),
              "--grpc-addr", f"127.0.0.1:{self.grpc_port}",
+             "--ingest-addr", f"127.0.0.1:{free_port()}",
              "--admin-addr", f"127.0.0.1:{admin_port}", "--policy-poll-ms", "100"],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(lambda: requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200,

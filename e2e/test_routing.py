@@ -32,8 +32,8 @@ def chain_headers(hashes, tenant=TENANT, model=MODEL, scheme=SCHEME, debug=True)
 
 
 def hold(stack, replica, hashes):
-    out = cachewire.ingest(stack.sidecar.grpc_addr, TENANT, MODEL, SCHEME, replica,
-                           [cachewire.stored_event(hashes)])
+    out = cachewire.ingest(stack.sidecar.ingest_addr, TENANT, MODEL, SCHEME, replica,
+                           [cachewire.stored_event(hashes)], token=stack.sidecar.ingest_token)
     assert out == {"applied": 1, "rejected": 0}
 
 

@@ -15,6 +15,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once at start: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Serve ext_proc, the gRPC API and the admin HTTP endpoints.
     Serve(ServeArgs),

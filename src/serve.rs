@@ -1,15 +1,24 @@
 //! `inferencecache serve`: wires the policy source (a file, or the Kubernetes
-//! watches and the status writer), the router, the gRPC side
-//! (ext_proc + CacheService + health + reflection, one port) and the admin HTTP
-//! side together, and runs them until SIGINT/SIGTERM.
+//! watches and the status writer), the router, the gRPC side (ext_proc +
+//! LookupRoute + health + reflection on `--grpc-addr`; IngestEvents + ReportStats +
+//! health on `--ingest-addr`) and the admin HTTP side together, and runs them until
+//! SIGINT/SIGTERM, then drains.
 //!
 //! ```text
 //!  policy_file::watch ─┐
-//!  kubernetes::watch ──┴install──▶ Router ◀── ExtProc, CacheApi (tonic, --grpc-addr)
+//!  kubernetes::watch ──┴install──▶ Router ◀── ExtProc, CacheApi::lookup_only (tonic, --grpc-addr)
+//!                                    ▲  ◀──── CacheApi::ingest_only + IngestGuard (tonic, --ingest-addr)
 //!                                    ▲  ◀── admin routes (axum, --admin-addr)
 //!             maintain task (1 s) ───┘
 //! ```
+//!
+//! Drain (SIGTERM or SIGINT): `/readyz` answers 503 and gRPC health NOT_SERVING at
+//! once; ext_proc refuses new streams; both gRPC listeners stop accepting and send
+//! GOAWAY; in-flight calls and streams get until `--drain-timeout`; the KV event
+//! subscribers close; the admin server stops last; exit 0. A second signal cuts
+//! the drain short.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,12 +27,17 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tracing::Instrument;
 
 use crate::adapters::admin::{self, AdminState};
+use crate::adapters::drain::Drain;
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
+use crate::adapters::ingest::{IngestGuard, IngestLimits, IngestTokens};
 use crate::adapters::kubernetes::{self, leader::LeaseConfig};
 use crate::adapters::kv_events::supervisor::Subscribers;
 use crate::adapters::metrics::Metrics;
@@ -69,10 +83,42 @@ pub struct ServeArgs {
     /// This replica's identity in the Lease; defaults to $POD_NAME, then $HOSTNAME.
     #[arg(long, value_name = "ID", env = "POD_NAME")]
     pub lease_identity: Option<String>,
-    /// Address of the gRPC server: Envoy ext_proc, inferencecache.v1.CacheService,
-    /// gRPC health and reflection, all on one port.
+    /// Address of the gRPC server Envoy calls: ext_proc, CacheService/LookupRoute,
+    /// gRPC health and reflection. IngestEvents and ReportStats are refused here.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
+    /// Address of the ingest listener: CacheService/IngestEvents and ReportStats
+    /// (and gRPC health), behind the optional token and mTLS below and the
+    /// per-caller limits.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50052")]
+    pub ingest_addr: SocketAddr,
+    /// Bearer tokens the ingest listener accepts, one per line as `NAME:TOKEN`
+    /// (or a bare TOKEN); callers send `authorization: Bearer TOKEN`. Read at start.
+    #[arg(long, value_name = "PATH")]
+    pub ingest_token_file: Option<PathBuf>,
+    /// PEM certificate (chain) of the ingest listener: serve it over TLS.
+    #[arg(long, value_name = "PATH", requires = "ingest_tls_key")]
+    pub ingest_tls_cert: Option<PathBuf>,
+    /// PEM private key for --ingest-tls-cert.
+    #[arg(long, value_name = "PATH", requires = "ingest_tls_cert")]
+    pub ingest_tls_key: Option<PathBuf>,
+    /// PEM CA bundle: the ingest listener requires a client certificate signed by
+    /// it (mTLS; the certificate's common name is the caller). Needs --ingest-tls-cert.
+    #[arg(long, value_name = "PATH", requires = "ingest_tls_cert")]
+    pub ingest_client_ca: Option<PathBuf>,
+    /// Per-caller KV events (and ReportStats calls) per second on the ingest
+    /// listener; a second's worth may come at once. 0 = no limit.
+    #[arg(long, value_name = "N", default_value_t = IngestLimits::DEFAULT_EVENTS_PER_SEC)]
+    pub ingest_max_events_per_sec: u32,
+    /// Per-caller index entries (block hashes stored or removed, prefixes) per
+    /// second on the ingest listener. 0 = no limit.
+    #[arg(long, value_name = "N", default_value_t = IngestLimits::DEFAULT_ENTRIES_PER_SEC)]
+    pub ingest_max_entries_per_sec: u32,
+    /// How long in-flight ext_proc streams and gRPC calls may run on after
+    /// SIGTERM/SIGINT before they are cut (Go-style duration: 10s, 500ms, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "10s",
+          value_parser = parse_drain_timeout)]
+    pub drain_timeout: Duration,
     /// Address of the admin HTTP server: /healthz /readyz /metrics /snapshot /policy.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     pub admin_addr: SocketAddr,
@@ -98,8 +144,16 @@ pub struct ServeArgs {
     pub policy_poll_ms: u64,
 }
 
-/// Runs the server until a shutdown signal.
+/// Runs the server until a shutdown signal, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    run_until(args, shutdown_signal()).await
+}
+
+/// Runs the server until `stop` resolves, then drains (see the module docs).
+pub async fn run_until(
+    args: ServeArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     if args.config.is_none() && !args.kubernetes {
         bail!("--config PATH (a policy file or directory) or --kubernetes is required");
     }
@@ -131,14 +185,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
             let mut tasks =
                 start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
-            tasks.push(tokio::spawn(policy_file::watch_loaded(
-                config_path.clone(),
-                Duration::from_millis(args.policy_poll_ms.max(10)),
-                move |l: policy_file::Loaded| {
-                    file_tx.send_replace(Arc::new(l.objects));
-                },
-                status.clone(),
-            )));
+            tasks.push(tokio::spawn(
+                policy_file::watch_loaded(
+                    config_path.clone(),
+                    Duration::from_millis(args.policy_poll_ms.max(10)),
+                    move |l: policy_file::Loaded| {
+                        file_tx.send_replace(Arc::new(l.objects));
+                    },
+                    status.clone(),
+                )
+                .instrument(tracing::info_span!("policy_file", path = %config_path.display())),
+            ));
             let name = format!("kubernetes + {}", config_path.display());
             (router, name, tasks)
         }
@@ -151,12 +208,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let router = Arc::new(Router::new(index, loaded.snapshot, now));
             let watcher = {
                 let router = router.clone();
-                tokio::spawn(policy_file::watch(
-                    config_path.clone(),
-                    Duration::from_millis(args.policy_poll_ms.max(10)),
-                    move |snapshot| router.install(snapshot, Timestamp::now()),
-                    status.clone(),
-                ))
+                tokio::spawn(
+                    policy_file::watch(
+                        config_path.clone(),
+                        Duration::from_millis(args.policy_poll_ms.max(10)),
+                        move |snapshot| router.install(snapshot, Timestamp::now()),
+                        status.clone(),
+                    )
+                    .instrument(tracing::info_span!("policy_file", path = %config_path.display())),
+                )
             };
             (router, config_path.display().to_string(), vec![watcher])
         }
@@ -172,9 +232,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::new(router.clone(), status.clone()));
 
+    // Everything that reads files is checked before anything listens.
+    let tokens = args
+        .ingest_token_file
+        .as_deref()
+        .map(IngestTokens::load)
+        .transpose()?;
+    let tls = ingest_tls(&args)?;
+    if tokens.is_none() && args.ingest_client_ca.is_none() && !args.ingest_addr.ip().is_loopback() {
+        tracing::warn!(ingest = %args.ingest_addr,
+            "the ingest listener has neither --ingest-token-file nor --ingest-client-ca: \
+             anyone who reaches it can write the index");
+    }
+    let guard = Arc::new(IngestGuard::new(
+        tokens,
+        IngestLimits {
+            events_per_sec: args.ingest_max_events_per_sec,
+            entries_per_sec: args.ingest_max_entries_per_sec,
+        },
+        metrics.clone(),
+    ));
+
     let grpc_listener = TcpListener::bind(args.grpc_addr)
         .await
         .with_context(|| format!("binding --grpc-addr {}", args.grpc_addr))?;
+    let ingest_listener = TcpListener::bind(args.ingest_addr)
+        .await
+        .with_context(|| format!("binding --ingest-addr {}", args.ingest_addr))?;
     let admin_listener = TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
@@ -185,9 +269,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         router.clone(),
         metrics.kv_events().clone(),
     ));
-    let follower = tokio::spawn(follow_snapshots(router.clone(), subscribers));
-    let maintenance = tokio::spawn(maintain(router.clone()));
+    let follower = tokio::spawn(
+        follow_snapshots(router.clone(), subscribers.clone())
+            .instrument(tracing::info_span!("kv_event_supervisor")),
+    );
+    let maintenance =
+        tokio::spawn(maintain(router.clone()).instrument(tracing::info_span!("index_maintenance")));
 
+    let drain = Drain::new();
     let ext_proc = ExtProc::new(
         router.clone(),
         metrics.clone(),
@@ -197,50 +286,175 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             destination_header: header,
         },
     )
+    .with_drain(drain.clone())
     .into_server();
-    let cache_api = CacheApi::new(router.clone(), metrics.clone()).into_server();
+    let lookup_api = CacheApi::lookup_only(router.clone(), metrics.clone()).into_server();
+    let ingest_api = CacheApi::ingest_only(router.clone(), metrics.clone(), guard).into_server();
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<crate::proto::v1::cache_service_server::CacheServiceServer<CacheApi>>()
-        .await;
-    health
-        .set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>>()
-        .await;
+    health.set_serving::<CacheServer>().await;
+    health.set_serving::<ExtProcServer>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building gRPC reflection")?;
 
-    tracing::info!(grpc = %args.grpc_addr, admin = %args.admin_addr,
+    tracing::info!(grpc = %args.grpc_addr, ingest = %args.ingest_addr, admin = %args.admin_addr,
+        ingest_tls = tls.is_some(), ingest_mtls = args.ingest_client_ca.is_some(),
+        ingest_tokens = args.ingest_token_file.is_some(),
         mode = %args.destination_mode, policy = %source_name, "serving");
 
-    let grpc = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(cache_api)
-        .add_service(ext_proc)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), shutdown_signal());
-    let admin = axum::serve(
-        admin_listener,
-        admin::routes(AdminState {
-            router,
-            metrics,
-            source: status,
-            source_name,
-        }),
-    )
-    .with_graceful_shutdown(shutdown_signal());
-
-    let (grpc, admin) = tokio::join!(grpc, admin);
-    for task in policy_source {
-        task.abort();
+    let drained = |d: &Drain| {
+        let d = d.clone();
+        async move { d.started().await }
+    };
+    let mut grpc: JoinHandle<Result<(), tonic::transport::Error>> = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(health_service.clone())
+            .add_service(reflection)
+            .add_service(lookup_api)
+            .add_service(ext_proc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), drained(&drain))
+            .instrument(tracing::info_span!("grpc_server", addr = %args.grpc_addr)),
+    );
+    let mut ingest_builder = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(tls) = tls {
+        ingest_builder = ingest_builder
+            .tls_config(tls)
+            .context("--ingest-tls-cert/--ingest-tls-key/--ingest-client-ca")?;
     }
-    maintenance.abort();
-    follower.abort();
-    grpc.context("gRPC server")?;
-    admin.context("admin server")?;
+    let mut ingest: JoinHandle<Result<(), tonic::transport::Error>> = tokio::spawn(
+        ingest_builder
+            .add_service(health_service)
+            .add_service(ingest_api)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(ingest_listener), drained(&drain))
+            .instrument(tracing::info_span!("ingest_server", addr = %args.ingest_addr)),
+    );
+    // The admin server outlives the drain, so /readyz shows it.
+    let admin_stop = Drain::new();
+    let mut admin: JoinHandle<std::io::Result<()>> = tokio::spawn(
+        axum::serve(
+            admin_listener,
+            admin::routes(AdminState {
+                router,
+                metrics,
+                source: status,
+                source_name,
+                drain: drain.clone(),
+            }),
+        )
+        .with_graceful_shutdown(drained(&admin_stop))
+        .into_future()
+        .instrument(tracing::info_span!("admin_server", addr = %args.admin_addr)),
+    );
+
+    let background = || {
+        follower.abort();
+        maintenance.abort();
+        for task in &policy_source {
+            task.abort();
+        }
+    };
+    let early = tokio::select! {
+        () = stop => None,
+        r = &mut grpc => Some(ended("the gRPC server (--grpc-addr)", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut ingest => Some(ended("the ingest server (--ingest-addr)", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut admin => Some(ended("the admin server (--admin-addr)", r.map(|r| r.map_err(anyhow::Error::from)))),
+    };
+    if let Some(e) = early {
+        drain.start();
+        background();
+        for t in [&grpc, &ingest] {
+            t.abort();
+        }
+        admin.abort();
+        return Err(e);
+    }
+
+    // Drain.
+    tracing::info!(ext_proc_streams = drain.in_flight(), timeout = ?args.drain_timeout,
+        "draining: not ready, refusing new streams");
+    drain.start();
+    health.set_not_serving::<CacheServer>().await;
+    health.set_not_serving::<ExtProcServer>().await;
+    follower.abort(); // no subscriber starts from here on
+    let deadline = tokio::time::Instant::now() + args.drain_timeout;
+    let servers = async {
+        let (g, i) = tokio::join!(
+            tokio::time::timeout_at(deadline, &mut grpc),
+            tokio::time::timeout_at(deadline, &mut ingest)
+        );
+        (g.is_ok(), i.is_ok())
+    };
+    let (grpc_done, ingest_done) = tokio::select! {
+        done = servers => done,
+        () = shutdown_signal() => {
+            tracing::warn!("second signal: cutting the drain short");
+            (false, false)
+        }
+    };
+    if !(grpc_done && ingest_done) {
+        tracing::warn!(
+            ext_proc_streams = drain.in_flight(),
+            "drain deadline passed (or cut short): closing the remaining streams and calls"
+        );
+        grpc.abort();
+        ingest.abort();
+    }
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    subscribers
+        .close(remaining.max(Duration::from_secs(1)))
+        .await;
+    background();
+    admin_stop.start();
+    if tokio::time::timeout(Duration::from_secs(2), &mut admin)
+        .await
+        .is_err()
+    {
+        admin.abort();
+    }
+    tracing::info!("drained; exiting");
     Ok(())
+}
+
+type CacheServer = crate::proto::v1::cache_service_server::CacheServiceServer<CacheApi>;
+type ExtProcServer = envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<ExtProc>;
+
+/// A server task that ended before any signal: always an error.
+fn ended(what: &str, r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    match r {
+        Ok(Ok(())) => anyhow::anyhow!("{what} stopped unexpectedly"),
+        Ok(Err(e)) => e.context(format!("{what} failed")),
+        Err(e) => anyhow::anyhow!("{what} task failed: {e}"),
+    }
+}
+
+/// `--drain-timeout`: a Go-style duration.
+fn parse_drain_timeout(s: &str) -> Result<Duration, String> {
+    crate::core::policy::parse_duration(s)
+        .map_err(|_| format!("{s:?} is not a duration (examples: 10s, 500ms, 1m)"))
+}
+
+/// The ingest listener's TLS, from the PEM files the flags name.
+fn ingest_tls(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))
+    };
+    let (Some(cert), Some(key)) = (&args.ingest_tls_cert, &args.ingest_tls_key) else {
+        if args.ingest_client_ca.is_some() {
+            bail!("--ingest-client-ca needs --ingest-tls-cert and --ingest-tls-key");
+        }
+        return Ok(None);
+    };
+    let identity = Identity::from_pem(
+        read("--ingest-tls-cert", cert)?,
+        read("--ingest-tls-key", key)?,
+    );
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &args.ingest_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read("--ingest-client-ca", ca)?));
+    }
+    Ok(Some(tls))
 }
 
 /// Kubernetes mode: the watches install snapshots; the Lease holder writes status.
@@ -257,17 +471,20 @@ async fn start_kubernetes(
         tokio::sync::watch::channel(Arc::new(kubernetes::watch::Observed::default()));
     let watches = {
         let router = router.clone();
-        tokio::spawn(kubernetes::watch::run(
-            client.clone(),
-            kubernetes::watch::DEFAULT_DEBOUNCE,
-            move |snapshot| {
-                let now = Timestamp::now();
-                status.record_success(snapshot.revision().clone(), now);
-                router.install(snapshot, now);
-            },
-            observed_tx,
-            file,
-        ))
+        tokio::spawn(
+            kubernetes::watch::run(
+                client.clone(),
+                kubernetes::watch::DEFAULT_DEBOUNCE,
+                move |snapshot| {
+                    let now = Timestamp::now();
+                    status.record_success(snapshot.revision().clone(), now);
+                    router.install(snapshot, now);
+                },
+                observed_tx,
+                file,
+            )
+            .instrument(tracing::info_span!("kubernetes_watch")),
+        )
     };
     let identity = args
         .lease_identity
@@ -285,12 +502,16 @@ async fn start_kubernetes(
             grace: LeaseConfig::DEFAULT_GRACE,
         },
     );
-    let publisher = tokio::spawn(kubernetes::publish::run(
-        kubernetes::publish::Publisher::new(client, router),
-        observed_rx,
-        leader,
-        kubernetes::publish::DEFAULT_PERIOD,
-    ));
+    let publisher = tokio::spawn(
+        kubernetes::publish::run(
+            kubernetes::publish::Publisher::new(client, router),
+            observed_rx,
+            leader,
+            kubernetes::publish::DEFAULT_PERIOD,
+        )
+        .instrument(tracing::info_span!("status_publisher",
+            lease_namespace = %args.lease_namespace, lease = %args.lease_name)),
+    );
     Ok(vec![watches, publisher])
 }
 

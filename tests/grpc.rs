@@ -1,10 +1,13 @@
-//! CacheService through a real tonic client over loopback: every RPC, good and bad
-//! input, plus gRPC health and reflection on the same server.
+//! CacheService through a real tonic client over loopback, on the two listeners
+//! `serve` runs (contract §12): LookupRoute with health and reflection on the
+//! lookup (ext_proc) port, IngestEvents and ReportStats on the ingest listener.
+//! Every RPC, good and bad input, and each port refusing the other's RPCs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use inferencecache::adapters::grpc::CacheApi;
+use inferencecache::adapters::ingest::IngestGuard;
 use inferencecache::adapters::metrics::Metrics;
 use inferencecache::adapters::policy_file::SourceStatus;
 use inferencecache::core::Router;
@@ -46,7 +49,14 @@ fn mk_snapshot() -> PolicySnapshot {
     PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])
 }
 
-async fn mk_server() -> (CacheServiceClient<Channel>, SocketAddr) {
+/// Clients of the two listeners, and the lookup port's address.
+struct Servers {
+    lookup: CacheServiceClient<Channel>,
+    ingest: CacheServiceClient<Channel>,
+    lookup_addr: SocketAddr,
+}
+
+async fn mk_server() -> Servers {
     let router = Arc::new(Router::new(
         IndexConfig::default(),
         mk_snapshot(),
@@ -54,7 +64,7 @@ async fn mk_server() -> (CacheServiceClient<Channel>, SocketAddr) {
     ));
     let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let lookup_addr = listener.local_addr().unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -64,13 +74,28 @@ async fn mk_server() -> (CacheServiceClient<Channel>, SocketAddr) {
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
-            .add_service(CacheApi::new(router, metrics).into_server())
+            .add_service(CacheApi::lookup_only(router.clone(), metrics.clone()).into_server())
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-    let client = CacheServiceClient::connect(format!("http://{addr}"))
+    let ingest_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ingest_addr = ingest_listener.local_addr().unwrap();
+    let guard = Arc::new(IngestGuard::open(metrics.clone()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CacheApi::ingest_only(router, metrics, guard).into_server())
+            .serve_with_incoming(TcpListenerStream::new(ingest_listener)),
+    );
+    let lookup = CacheServiceClient::connect(format!("http://{lookup_addr}"))
         .await
         .unwrap();
-    (client, addr)
+    let ingest = CacheServiceClient::connect(format!("http://{ingest_addr}"))
+        .await
+        .unwrap();
+    Servers {
+        lookup,
+        ingest,
+        lookup_addr,
+    }
 }
 
 fn scope_req(chain: &[u64]) -> pb::LookupRouteRequest {
@@ -109,8 +134,12 @@ const CHAIN: [u64; 6] = [11, 12, 13, 14, 15, 16];
 
 #[tokio::test]
 async fn ingest_then_lookup_routes_to_the_holder() {
-    let (mut client, _) = mk_server().await;
-    let out = client
+    let Servers {
+        lookup: mut client,
+        mut ingest,
+        ..
+    } = mk_server().await;
+    let out = ingest
         .ingest_events(ingest_req("r2", vec![stored(&CHAIN)]))
         .await
         .unwrap()
@@ -133,7 +162,7 @@ async fn ingest_then_lookup_routes_to_the_holder() {
 
 #[tokio::test]
 async fn lookup_diagnostics_and_malformed_requests_answer_cleanly() {
-    let (mut client, _) = mk_server().await;
+    let mut client = mk_server().await.lookup;
     let mut unknown = scope_req(&CHAIN);
     unknown.tenant_id = "nobody".into();
     let resp = client.lookup_route(unknown).await.unwrap().into_inner();
@@ -177,7 +206,11 @@ async fn lookup_diagnostics_and_malformed_requests_answer_cleanly() {
 
 #[tokio::test]
 async fn ingest_refuses_bad_headers_and_counts_bad_events() {
-    let (mut client, _) = mk_server().await;
+    let Servers {
+        mut lookup,
+        ingest: mut client,
+        ..
+    } = mk_server().await;
     let mut no_replica = ingest_req("", vec![stored(&CHAIN)]);
     let err = client.ingest_events(no_replica.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -213,7 +246,7 @@ async fn ingest_refuses_bad_headers_and_counts_bad_events() {
         .into_inner();
     assert_eq!((out.applied, out.rejected), (1, 3));
     // Nothing of the rejected events was stored.
-    let resp = client
+    let resp = lookup
         .lookup_route(scope_req(&[1, 2, 3]))
         .await
         .unwrap()
@@ -223,7 +256,7 @@ async fn ingest_refuses_bad_headers_and_counts_bad_events() {
 
 #[tokio::test]
 async fn report_stats_accepts_good_and_refuses_bad_ratios() {
-    let (mut client, _) = mk_server().await;
+    let mut client = mk_server().await.ingest;
     let mut req = pb::ReportStatsRequest {
         tenant_id: "acme".into(),
         model_id: "llama".into(),
@@ -259,7 +292,7 @@ async fn report_stats_accepts_good_and_refuses_bad_ratios() {
 async fn health_and_reflection_are_served() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let (_, addr) = mk_server().await;
+    let addr = mk_server().await.lookup_addr;
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -298,4 +331,36 @@ async fn health_and_reflection_are_served() {
         names.contains(&"inferencecache.v1.CacheService"),
         "{names:?}"
     );
+}
+
+#[tokio::test]
+async fn each_port_refuses_the_other_ports_rpcs_and_says_where_to_go() {
+    let Servers {
+        mut lookup,
+        mut ingest,
+        ..
+    } = mk_server().await;
+    let err = lookup
+        .ingest_events(ingest_req("r2", vec![stored(&CHAIN)]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(err.message().contains("--ingest-addr"), "{}", err.message());
+    let err = lookup
+        .report_stats(pb::ReportStatsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(err.message().contains("--ingest-addr"), "{}", err.message());
+    // Nothing was ingested through the refused call.
+    let resp = lookup
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.reason_code(), pb::ReasonCode::AffinityHint);
+
+    let err = ingest.lookup_route(scope_req(&CHAIN)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(err.message().contains("--grpc-addr"), "{}", err.message());
 }

@@ -57,6 +57,9 @@ openssl x509 -req -in "$WORK/tls.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -
   -days 365 -extfile "$WORK/ext.cnf" -out "$WORK/tls.crt" 2>/dev/null
 kubectl -n "$NS" create secret tls inferencecache-webhook-tls \
   --cert="$WORK/tls.crt" --key="$WORK/tls.key" --dry-run=client -o yaml | kubectl apply -f -
+# The ingest listener's bearer token (manifests/deployment.yaml mounts it).
+kubectl -n "$NS" create secret generic inferencecache-ingest-tokens \
+  --from-literal=tokens="kind:$(openssl rand -hex 24)" --dry-run=client -o yaml | kubectl apply -f -
 
 kubectl apply -f "$ROOT/manifests/envoy-config.yaml" -f "$ROOT/manifests/deployment.yaml" \
   -f "$ROOT/manifests/services.yaml"

@@ -16,7 +16,7 @@ trap cleanup EXIT INT TERM
 
 python3 examples/standalone/upstreams.py & pids+=($!)
 "$target_dir/release/inferencecache" serve --config examples/standalone/policy.yaml \
-  --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9090 & pids+=($!)
+  --grpc-addr 127.0.0.1:50051 --ingest-addr 127.0.0.1:50052 --admin-addr 127.0.0.1:9090 & pids+=($!)
 "$envoy_bin" -c envoy/override-host.yaml --log-level warn & pids+=($!)
 
 for _ in $(seq 1 100); do

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use crate::adapters::drain::Drain;
 use crate::adapters::metrics::Metrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
@@ -32,6 +33,8 @@ pub struct AdminState {
     pub source: Arc<SourceStatus>,
     /// Where the policy comes from, for `/policy` (e.g. the `--config` path).
     pub source_name: String,
+    /// Once draining, `/readyz` answers 503 whatever else holds.
+    pub drain: Drain,
 }
 
 /// The admin routes.
@@ -49,15 +52,17 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready when a policy snapshot is loaded and the self-test passes. The policy
-/// source's last error is shown even when ready (a bad reload keeps the last good
-/// snapshot in force).
+/// Ready when a policy snapshot is loaded, the self-test passes and the process
+/// is not draining. The policy source's last error is shown even when ready (a
+/// bad reload keeps the last good snapshot in force).
 async fn readyz(State(s): State<AdminState>) -> Response {
     let loaded = s.source.last_good_revision();
     let self_test = s.router.self_test(Timestamp::now());
-    let ready = loaded.is_some() && self_test.is_ok();
+    let draining = s.drain.is_draining();
+    let ready = loaded.is_some() && self_test.is_ok() && !draining;
     let body = json!({
         "ready": ready,
+        "draining": draining,
         "policyLoaded": loaded.is_some(),
         "policyRevision": loaded.as_deref(),
         "policyLastError": s.source.last_error(),

@@ -1,5 +1,12 @@
 //! `inferencecache.v1.CacheService` on tonic: LookupRoute, IngestEvents, ReportStats.
 //!
+//! `serve` runs it twice (contract §12): [`CacheApi::lookup_only`] next to ext_proc on
+//! `--grpc-addr`, where the ingest RPCs answer UNIMPLEMENTED naming `--ingest-addr`;
+//! and [`CacheApi::ingest_only`] on `--ingest-addr`, where every call passes the
+//! [`IngestGuard`] (bearer token, per-caller limits) and LookupRoute answers
+//! UNIMPLEMENTED naming `--grpc-addr`. [`CacheApi::new`] serves all three RPCs
+//! without a guard (in-process use and tests).
+//!
 //! This is the one place where proto messages and core types meet: requests are
 //! borrowed into core requests (the chain is never copied on LookupRoute), and
 //! every core error becomes a `tonic::Status` in [`ingest_status`]. Input the core
@@ -13,6 +20,7 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::adapters::MAX_CHAIN_BLOCKS;
+use crate::adapters::ingest::{Cost, IngestGuard};
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
 use crate::core::decision::outcome::{Decision, ReasonCode, Strategy};
@@ -26,16 +34,89 @@ use crate::proto::v1::cache_service_server::{CacheService, CacheServiceServer};
 /// The most `candidate_replicas` one LookupRoute may name.
 pub const MAX_CANDIDATES: usize = 4096;
 
+/// Which RPCs a [`CacheApi`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// All three, no guard.
+    All,
+    /// LookupRoute only (the ext_proc port).
+    Lookup,
+    /// IngestEvents and ReportStats, behind the guard (the ingest listener).
+    Ingest,
+}
+
 /// The CacheService implementation.
 #[derive(Clone)]
 pub struct CacheApi {
     router: Arc<Router>,
     metrics: Arc<Metrics>,
+    role: Role,
+    guard: Option<Arc<IngestGuard>>,
 }
 
 impl CacheApi {
+    /// Every RPC, unguarded.
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
-        Self { router, metrics }
+        Self {
+            router,
+            metrics,
+            role: Role::All,
+            guard: None,
+        }
+    }
+
+    /// LookupRoute; the ingest RPCs are refused with a pointer to `--ingest-addr`.
+    pub fn lookup_only(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            role: Role::Lookup,
+            ..Self::new(router, metrics)
+        }
+    }
+
+    /// IngestEvents and ReportStats behind `guard`; LookupRoute is refused with a
+    /// pointer to `--grpc-addr`.
+    pub fn ingest_only(
+        router: Arc<Router>,
+        metrics: Arc<Metrics>,
+        guard: Arc<IngestGuard>,
+    ) -> Self {
+        Self {
+            role: Role::Ingest,
+            guard: Some(guard),
+            ..Self::new(router, metrics)
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Refuses an ingest RPC on the lookup port; runs the guard on the ingest
+    /// listener. Returns the caller (for logs), if there is a guard.
+    fn admit_ingest<T>(
+        &self,
+        rpc: &'static str,
+        req: &Request<T>,
+        cost: Cost,
+    ) -> Result<Option<String>, Status> {
+        if self.role == Role::Lookup {
+            self.metrics.record_ingest_outcome(rpc, "wrong_listener");
+            return Err(Status::unimplemented(format!(
+                "{rpc} is not served on this port (ext_proc and LookupRoute, --grpc-addr): \
+                 send it to the ingest listener, `serve --ingest-addr` (default 127.0.0.1:50052)"
+            )));
+        }
+        match &self.guard {
+            Some(g) => g.admit(rpc, req, cost).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn record_caller(&self, caller: Option<&str>, rpc: &'static str, ok: bool) {
+        if let Some(c) = caller {
+            self.metrics
+                .record_ingest_caller(c, rpc, if ok { "ok" } else { "invalid" });
+        }
     }
 
     /// The tonic service, ready to add to a server.
@@ -50,6 +131,12 @@ impl CacheService for CacheApi {
         &self,
         request: Request<pb::LookupRouteRequest>,
     ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        if self.role == Role::Ingest {
+            return Err(Status::unimplemented(
+                "LookupRoute is not served on the ingest listener (--ingest-addr): \
+                 ask the ext_proc/LookupRoute port, `serve --grpc-addr` (default 127.0.0.1:50051)",
+            ));
+        }
         let req = request.into_inner();
         check_lookup_limits(&req)?;
         let started = Instant::now();
@@ -63,6 +150,8 @@ impl CacheService for CacheApi {
         &self,
         request: Request<pb::IngestEventsRequest>,
     ) -> Result<Response<pb::IngestEventsResponse>, Status> {
+        let cost = Cost::of_ingest(request.get_ref());
+        let caller = self.admit_ingest("IngestEvents", &request, cost)?;
         let req = request.into_inner();
         let (events, undecodable) = index_events(req.events);
         let batch = IngestBatch {
@@ -74,6 +163,7 @@ impl CacheService for CacheApi {
         let result = self.router.ingest(&batch, Timestamp::now());
         self.metrics
             .record_ingest_call("IngestEvents", result.is_ok());
+        self.record_caller(caller.as_deref(), "IngestEvents", result.is_ok());
         let outcome = result.map_err(ingest_status)?;
         let rejected = outcome.rejected.saturating_add(undecodable);
         self.metrics.record_ingest_events(outcome.applied, rejected);
@@ -87,6 +177,7 @@ impl CacheService for CacheApi {
         &self,
         request: Request<pb::ReportStatsRequest>,
     ) -> Result<Response<pb::ReportStatsResponse>, Status> {
+        let caller = self.admit_ingest("ReportStats", &request, Cost::STATS)?;
         let req = request.into_inner();
         let result = replica_stats(req.stats.as_ref()).and_then(|stats| {
             let report = StatsReport {
@@ -101,6 +192,7 @@ impl CacheService for CacheApi {
         });
         self.metrics
             .record_ingest_call("ReportStats", result.is_ok());
+        self.record_caller(caller.as_deref(), "ReportStats", result.is_ok());
         result.map(|()| Response::new(pb::ReportStatsResponse {}))
     }
 }

@@ -18,9 +18,11 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::adapters::ingest::MAX_CALLER_LABELS;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
@@ -76,6 +78,24 @@ struct CauseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallerCallLabels {
+    caller: String,
+    rpc: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallerLabels {
+    caller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    caller: String,
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TenantLabels {
     tenant: String,
 }
@@ -89,6 +109,13 @@ pub struct Metrics {
     load_spills: Family<ReasonLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
+    caller_calls: Family<CallerCallLabels, Counter>,
+    caller_events: Family<CallerLabels, Counter>,
+    caller_entries: Family<CallerLabels, Counter>,
+    limited: Family<LimitLabels, Counter>,
+    /// Caller labels handed out so far (bounded by [`MAX_CALLER_LABELS`]).
+    callers_seen: parking_lot::Mutex<std::collections::HashSet<String>>,
+    ext_proc_streams: Gauge,
     kv_events: Arc<KvEventMetrics>,
 }
 
@@ -118,7 +145,7 @@ impl Metrics {
         let ingest_calls = Family::<RpcLabels, Counter>::default();
         registry.register(
             "ingest_calls",
-            "IngestEvents and ReportStats calls by outcome (ok or invalid)",
+            "IngestEvents and ReportStats calls by outcome (ok, invalid, wrong_listener)",
             ingest_calls.clone(),
         );
         let ingest_events = Family::<EventLabels, Counter>::default();
@@ -126,6 +153,37 @@ impl Metrics {
             "ingest_events",
             "KV events received over gRPC, applied or rejected as malformed",
             ingest_events.clone(),
+        );
+        let caller_calls = Family::<CallerCallLabels, Counter>::default();
+        registry.register(
+            "ingest_caller_calls",
+            "Calls on the ingest listener by caller, rpc and outcome \
+             (ok, invalid, unauthenticated, limited)",
+            caller_calls.clone(),
+        );
+        let caller_events = Family::<CallerLabels, Counter>::default();
+        registry.register(
+            "ingest_caller_events",
+            "KV events (and ReportStats calls) admitted on the ingest listener, by caller",
+            caller_events.clone(),
+        );
+        let caller_entries = Family::<CallerLabels, Counter>::default();
+        registry.register(
+            "ingest_caller_entries",
+            "Index entries named by admitted ingest calls, by caller",
+            caller_entries.clone(),
+        );
+        let limited = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "ingest_limited",
+            "Ingest calls refused with RESOURCE_EXHAUSTED, by caller and limit (events, entries)",
+            limited.clone(),
+        );
+        let ext_proc_streams = Gauge::default();
+        registry.register(
+            "ext_proc_streams",
+            "ext_proc streams open now (what a drain waits for)",
+            ext_proc_streams.clone(),
         );
         let kv_events = Arc::new(KvEventMetrics::default());
         kv_events.register(&mut registry);
@@ -146,8 +204,62 @@ impl Metrics {
             load_spills,
             ingest_calls,
             ingest_events,
+            caller_calls,
+            caller_events,
+            caller_entries,
+            limited,
+            callers_seen: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            ext_proc_streams,
             kv_events,
         }
+    }
+
+    /// The label for `caller`: itself for the first [`MAX_CALLER_LABELS`] callers,
+    /// `_other` after that.
+    fn caller_label(&self, caller: &str) -> String {
+        let mut seen = self.callers_seen.lock();
+        if seen.contains(caller) {
+            return caller.to_string();
+        }
+        if seen.len() < MAX_CALLER_LABELS {
+            seen.insert(caller.to_string());
+            return caller.to_string();
+        }
+        String::from("_other")
+    }
+
+    /// One call on the ingest listener (`outcome`: ok, invalid, unauthenticated,
+    /// limited).
+    pub fn record_ingest_caller(&self, caller: &str, rpc: &'static str, outcome: &'static str) {
+        self.caller_calls
+            .get_or_create(&CallerCallLabels {
+                caller: self.caller_label(caller),
+                rpc,
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn record_ingest_admitted(&self, caller: &str, events: u64, entries: u64) {
+        let labels = CallerLabels {
+            caller: self.caller_label(caller),
+        };
+        self.caller_events.get_or_create(&labels).inc_by(events);
+        self.caller_entries.get_or_create(&labels).inc_by(entries);
+    }
+
+    pub fn record_ingest_limited(&self, caller: &str, limit: &'static str) {
+        self.limited
+            .get_or_create(&LimitLabels {
+                caller: self.caller_label(caller),
+                limit,
+            })
+            .inc();
+    }
+
+    /// An ext_proc stream opened (+1) or ended (-1).
+    pub fn ext_proc_stream(&self, delta: i64) {
+        self.ext_proc_streams.inc_by(delta);
     }
 
     /// The KV event subscribers' metrics.
@@ -180,7 +292,12 @@ impl Metrics {
 
     /// One IngestEvents or ReportStats call (`rpc` is the RPC name).
     pub fn record_ingest_call(&self, rpc: &'static str, ok: bool) {
-        let outcome = if ok { "ok" } else { "invalid" };
+        self.record_ingest_outcome(rpc, if ok { "ok" } else { "invalid" });
+    }
+
+    /// An ingest RPC by outcome (`ok`, `invalid`, or `wrong_listener`: sent to the
+    /// ext_proc/LookupRoute port instead of --ingest-addr).
+    pub fn record_ingest_outcome(&self, rpc: &'static str, outcome: &'static str) {
         self.ingest_calls
             .get_or_create(&RpcLabels { rpc, outcome })
             .inc();

@@ -15,12 +15,16 @@
 //! - [`kubernetes`]: the cluster policy source (`serve --kubernetes`): watches into
 //!   snapshots, and the Lease holder's status writer.
 //! - [`admission`]: the validating admission webhook (HTTPS, AdmissionReview v1).
-//! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side.
+//! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side; [`ingest`]
+//!   guards the ingest listener (tokens, per-caller limits), [`drain`] is the
+//!   shutdown flag they all read.
 
 pub mod admin;
 pub mod admission;
+pub mod drain;
 pub mod ext_proc;
 pub mod grpc;
+pub mod ingest;
 pub mod kubernetes;
 pub mod kv_events;
 pub mod metrics;

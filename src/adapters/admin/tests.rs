@@ -125,3 +125,31 @@ fn policy_shows_resolved_fields_per_namespace() {
     assert_eq!(p["affinityRouting"], "Enabled");
     assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
 }
+
+#[tokio::test]
+async fn readyz_goes_false_once_draining() {
+    let (router, now) = mk_router();
+    let router = Arc::new(router);
+    let source = Arc::new(SourceStatus::new());
+    source.record_success(router.snapshot().revision().clone(), now);
+    let drain = Drain::new();
+    let state = AdminState {
+        metrics: Arc::new(Metrics::new(router.clone(), source.clone())),
+        router,
+        source,
+        source_name: "test".into(),
+        drain: drain.clone(),
+    };
+    let before = readyz(State(state.clone())).await;
+    assert_eq!(before.status(), StatusCode::OK);
+    drain.start();
+    let after = readyz(State(state)).await;
+    assert_eq!(after.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = axum::body::to_bytes(after.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["ready"], false);
+    assert_eq!(v["draining"], true);
+    assert_eq!(v["selfTest"], "ok");
+}

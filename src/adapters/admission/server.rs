@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tracing::Instrument;
 
 /// How long a client gets to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,24 +112,29 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "webhook TLS handshake failed");
-                    return;
+        let span = tracing::debug_span!("webhook_connection", %peer);
+        tokio::spawn(
+            async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "webhook TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "webhook TLS handshake timed out");
+                        return;
+                    }
+                };
+                if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
                 }
-                Err(_) => {
-                    tracing::debug!(%peer, "webhook TLS handshake timed out");
-                    return;
-                }
-            };
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
             }
-        });
+            .instrument(span),
+        );
     }
 }

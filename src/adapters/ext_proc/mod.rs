@@ -41,6 +41,7 @@ use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::adapters::drain::{Drain, StreamGuard};
 use crate::adapters::metrics::Metrics;
 use crate::core::Router;
 use crate::core::load::Inflight;
@@ -59,6 +60,19 @@ pub struct ExtProc {
     router: Arc<Router>,
     metrics: Arc<Metrics>,
     config: Arc<ExtProcConfig>,
+    drain: Drain,
+}
+
+/// One open stream, counted in the drain and the `ext_proc_streams` gauge.
+struct OpenStream {
+    _guard: StreamGuard,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.metrics.ext_proc_stream(-1);
+    }
 }
 
 impl ExtProc {
@@ -67,7 +81,16 @@ impl ExtProc {
             router,
             metrics,
             config: Arc::new(config),
+            drain: Drain::new(),
         }
+    }
+
+    /// Follows `drain`: once it starts, new streams are refused with UNAVAILABLE
+    /// (Envoy's `failure_mode_allow` then lets the request through unrouted) and
+    /// open ones run to their end.
+    pub fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = drain;
+        self
     }
 
     pub fn into_server(self) -> ExternalProcessorServer<Self> {
@@ -189,6 +212,8 @@ struct StreamState {
     /// state), or after [`INFLIGHT_AGE_OUT`].
     inflight: Option<Inflight>,
     admitted_at: Option<tokio::time::Instant>,
+    /// Counts the stream for the drain and the gauge until it ends.
+    _open: Option<OpenStream>,
 }
 
 #[tonic::async_trait]
@@ -199,8 +224,25 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
+        if self.drain.is_draining() {
+            return Err(Status::unavailable(
+                "inferencecache is draining (shutting down): no new ext_proc streams",
+            ));
+        }
+        self.metrics.ext_proc_stream(1);
+        let open = OpenStream {
+            _guard: self.drain.stream(),
+            metrics: self.metrics.clone(),
+        };
         let inbound = request.into_inner();
-        let state = (inbound, self.clone(), StreamState::default());
+        let state = (
+            inbound,
+            self.clone(),
+            StreamState {
+                _open: Some(open),
+                ..StreamState::default()
+            },
+        );
         let replies = futures::stream::unfold(state, |(mut inbound, this, mut st)| async move {
             loop {
                 // A reset or closed stream just ends ours (and drops its in-flight

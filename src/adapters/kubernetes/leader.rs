@@ -12,6 +12,7 @@ use std::time::Duration;
 use kube::Client;
 use kube_lease_manager::{DurationSeconds, LeaseManagerBuilder};
 use tokio::sync::watch as latest;
+use tracing::Instrument;
 
 /// Which Lease to hold, and as whom.
 #[derive(Clone, Debug)]
@@ -39,6 +40,8 @@ const RETRY: Duration = Duration::from_secs(5);
 /// starts false and never closes while the process runs.
 pub fn elect(client: Client, config: LeaseConfig) -> latest::Receiver<bool> {
     let (tx, rx) = latest::channel(false);
+    let span = tracing::info_span!("lease", namespace = %config.namespace,
+        lease = %config.name, identity = %config.identity);
     tokio::spawn(async move {
         loop {
             let manager = LeaseManagerBuilder::new(client.clone(), &config.name)
@@ -74,6 +77,6 @@ pub fn elect(client: Client, config: LeaseConfig) -> latest::Receiver<bool> {
             }
             tokio::time::sleep(RETRY).await;
         }
-    });
+    }.instrument(span));
     rx
 }

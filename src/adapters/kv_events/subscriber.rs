@@ -11,14 +11,18 @@
 //! A full queue makes the reader wait; the engine's PUB then drops at its
 //! high-water mark, which shows here as a gap and is repaired by replay. The index
 //! is never left knowingly wrong: anything that cannot be repaired clears the
-//! replica. Dropping the [`Subscriber`] stops both tasks.
+//! replica. [`Subscriber::close`] stops it cleanly (the reader closes its socket,
+//! the apply task finishes what is queued); dropping the [`Subscriber`] aborts
+//! both tasks. Both run in a `kv_events` span carrying tenant, model, hash
+//! scheme, replica and endpoint.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::decode::{self, EngineEvent};
@@ -54,6 +58,7 @@ pub struct SubscriberConfig {
 #[derive(Debug)]
 pub struct Subscriber {
     tasks: [JoinHandle<()>; 2],
+    stop: watch::Sender<bool>,
     metrics: Arc<KvEventMetrics>,
 }
 
@@ -81,12 +86,41 @@ impl Subscriber {
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         metrics.subscriber_started();
-        let reader = tokio::spawn(read_loop(config.clone(), tx, metrics.clone()));
-        let apply = tokio::spawn(apply_loop(config, rx, router, metrics.clone()));
+        let span = tracing::info_span!("kv_events",
+            tenant = %config.scope.tenant, model = %config.scope.model,
+            hash_scheme = %config.scope.hash_scheme, replica = %config.replica_id,
+            endpoint = %config.endpoint);
+        let (stop, mut stopped) = watch::channel(false);
+        let read = read_loop(config.clone(), tx, metrics.clone());
+        let reader = tokio::spawn(
+            async move {
+                tokio::select! {
+                    () = read => {}
+                    // Dropping the read loop closes the socket and the queue's sender.
+                    _ = stopped.wait_for(|s| *s) => {}
+                }
+            }
+            .instrument(span.clone()),
+        );
+        let apply = tokio::spawn(apply_loop(config, rx, router, metrics.clone()).instrument(span));
         Self {
             tasks: [reader, apply],
+            stop,
             metrics,
         }
+    }
+
+    /// Stops cleanly: the socket is closed, the batches already queued are
+    /// applied, and both tasks have ended, or `timeout` passed (then they are
+    /// aborted). Returns whether both ended on their own.
+    pub async fn close(mut self, timeout: Duration) -> bool {
+        self.stop.send_replace(true);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut clean = true;
+        for task in &mut self.tasks {
+            clean &= matches!(tokio::time::timeout_at(deadline, task).await, Ok(Ok(())));
+        }
+        clean
     }
 }
 
@@ -386,5 +420,41 @@ mod tests {
         assert!(frame_of(msg(vec![b"kv", &[0; 7], b"p"])).is_none());
         assert!(frame_of(msg(vec![b"kv", &7u64.to_be_bytes()])).is_none());
         assert!(frame_of(msg(vec![b"kv", &7u64.to_be_bytes(), b"p", b"x"])).is_none());
+    }
+
+    #[tokio::test]
+    async fn close_ends_both_tasks_cleanly_even_while_reconnecting() {
+        use crate::core::index::IndexConfig;
+        use crate::core::snapshot::PolicySnapshot;
+        let router = Arc::new(Router::new(
+            IndexConfig::default(),
+            PolicySnapshot::empty(),
+            Timestamp::now(),
+        ));
+        let metrics = Arc::new(KvEventMetrics::default());
+        let config = SubscriberConfig {
+            scope: ScopeKey {
+                tenant: "acme".into(),
+                model: "llama".into(),
+                hash_scheme: "vllm".into(),
+            },
+            replica_id: "r1".into(),
+            address: "127.0.0.1:8001".into(),
+            // Nothing listens there: the reader sits in its reconnect backoff.
+            endpoint: "tcp://127.0.0.1:1".into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            queue_capacity: 4,
+            replay_timeout: Duration::from_secs(1),
+            max_mappings: 16,
+        };
+        let sub = Subscriber::spawn(config, router, metrics);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let started = tokio::time::Instant::now();
+        assert!(
+            sub.close(Duration::from_secs(2)).await,
+            "both tasks end on their own"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

@@ -77,6 +77,17 @@ impl Subscribers {
         }
     }
 
+    /// Stops every subscriber cleanly (see [`Subscriber::close`]), all at once,
+    /// within `timeout`. Returns how many did not end on their own.
+    pub async fn close(&self, timeout: Duration) -> usize {
+        let all: Vec<Subscriber> = self.running.lock().drain().map(|(_, s)| s).collect();
+        let n = all.len();
+        let clean = futures::future::join_all(all.into_iter().map(|s| s.close(timeout))).await;
+        let cut = clean.iter().filter(|ok| !**ok).count();
+        tracing::info!(subscribers = n, cut, "KV event subscribers closed");
+        cut
+    }
+
     /// How many subscribers run.
     pub fn len(&self) -> usize {
         self.running.lock().len()
