@@ -136,7 +136,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         policy_yaml(&engines, &tenants, args.cache_policy.as_ref())?,
     )
     .with_context(|| format!("writing {}", policy.display()))?;
-    let (grpc, admin) = (free_addr()?, free_addr()?);
+    let (grpc, ingest, admin) = (free_addr()?, free_addr()?, free_addr()?);
     let exe = sidecar_binary(args.sidecar.as_deref())?;
     let mut sidecar = Proc::spawn(
         "sidecar",
@@ -147,6 +147,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             policy.display().to_string(),
             "--grpc-addr".into(),
             grpc.to_string(),
+            "--ingest-addr".into(),
+            ingest.to_string(),
             "--admin-addr".into(),
             admin.to_string(),
         ],
