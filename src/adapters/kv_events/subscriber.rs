@@ -698,10 +698,8 @@ impl Applier {
     /// One eviction TTL after the last loss, every entry a lost removal left
     /// behind has expired: the replica is no longer stale.
     fn heal_by_ttl(&mut self) {
-        if let Some((_, until)) = self.stale {
-            if Instant::now() >= until {
-                self.set_stale(false);
-            }
+        if self.stale.is_some_and(|(_, until)| Instant::now() >= until) {
+            self.set_stale(false);
         }
     }
 
