@@ -5,6 +5,16 @@ subscribers → the index (/snapshot, /metrics) and routing decisions through En
 Each replica's publisher binds like an engine with `tcp://*:port` would (PUB for
 events, ROUTER for replay), on its own loopback address so every replica has its
 own replay port (127.0.0.1 and 127.0.0.2).
+
+Which bytes come from where:
+- `Publisher` (below) writes the wire format from the engines' code: PUB
+  `[topic, seq, payload]`, and the replay reply in both shapes (`current`: vLLM
+  0.33 / SGLang 0.5.23 `[b"", topic, seq, payload]`, end `[b"", b"", 2^64-1, b""]`;
+  `older`: vLLM 0.11 / SGLang 0.5.3 `[b"", seq, payload]`, end `[b"", 2^64-1, b""]`),
+  with msgspec structs shaped like vLLM's events.
+- The `test_real_sglang_*` tests publish with SGLang's own `ZmqEventPublisher` and
+  event classes (0.5.23 and 0.5.3, from the PyPI wheels: see engines.py).
+- `test_oversized_frame_*` speaks raw ZMTP over a socket.
 """
 
 import hashlib
@@ -12,6 +22,7 @@ import pathlib
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -24,6 +35,7 @@ import pytest
 import requests
 import zmq
 
+import engines
 from conftest import Envoy, Upstream, free_port, sidecar_binary, wait_until
 
 TENANT, MODEL = "acme", "llama"
@@ -102,8 +114,10 @@ def content_chain(tokens):
 class Publisher:
     """An engine's ZmqEventPublisher: PUB [topic, seq, payload] + replay ROUTER."""
 
-    def __init__(self, host: str, generation: str):
+    def __init__(self, host: str, generation: str, shape: str = "current", topic: bytes = b""):
         self.ctx = zmq.Context.instance()
+        self.shape = shape
+        self.topic = topic
         self.pub = self.ctx.socket(zmq.PUB)
         self.port = self.pub.bind_to_random_port(f"tcp://{host}")
         self.replay_port = None
@@ -129,9 +143,17 @@ class Publisher:
                 continue
             ident, _empty, start = self.router.recv_multipart()
             first = int.from_bytes(start, "big")
-            for seq in sorted(s for s in self.sent if s >= first):
-                self.router.send_multipart([ident, b"", seq.to_bytes(8, "big"), self.sent[seq]])
-            self.router.send_multipart([ident, b"", END.to_bytes(8, "big"), b""])
+            for seq in sorted(s for s in list(self.sent) if s >= first):
+                self.router.send_multipart(self.reply(ident, self.topic, seq, self.sent[seq]))
+            self.router.send_multipart(self.reply(ident, b"", END, b""))
+
+    def reply(self, ident, topic, seq, payload):
+        """A replay reply as the engines send it: vLLM 0.33 / SGLang 0.5.23 put the
+        topic in (4 frames after the identity), vLLM 0.11 / SGLang 0.5.3 do not."""
+        seq = seq.to_bytes(8, "big")
+        if self.shape == "current":
+            return [ident, b"", topic, seq, payload]
+        return [ident, b"", seq, payload]
 
     def encode(self, events):
         return msgspec.msgpack.encode(self.cls[0](ts=time.time(), events=events))
@@ -150,7 +172,7 @@ class Publisher:
         seq = self.seq if seq is None else seq
         self.sent[seq] = payload
         if deliver:
-            self.pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
         self.seq = seq + 1
 
     def send(self, events, seq=None, deliver=True):
@@ -164,13 +186,15 @@ class Publisher:
         self.pub.close(linger=0)
 
 
-def policy(scheme, upstreams, publishers, replay_port) -> str:
+def policy(scheme, upstreams, publishers, replay_port, external=None) -> str:
     eps = []
     for u in upstreams:
         p = publishers.get(u.replica_id)
         line = f"    - id: {u.replica_id}\n      address: {u.address}"
         if p:
             line += f"\n      kvEventsEndpoint: tcp://{p.host}:{p.port}"
+        elif external and u.replica_id in external:
+            line += f"\n      kvEventsEndpoint: {external[u.replica_id]}"
         eps.append(line)
     endpoints = "\n".join(eps)
     return f"""apiVersion: inferencecache.io/v1alpha1
@@ -200,35 +224,58 @@ spec:
 
 
 class KvStack:
-    """Three upstreams (a and b publish KV events), the sidecar and Envoy."""
+    """Three upstreams (a and b publish KV events), the sidecar and Envoy.
 
-    def __init__(self, scheme="ic-content-v1", generation="array"):
+    `external` maps further replicas to event endpoints published by something
+    else (a real engine's publisher, a hostile peer); `hosts` are the replicas
+    with a `Publisher` of ours (none when a real engine binds the replay port)."""
+
+    def __init__(self, scheme="ic-content-v1", generation="array", shape="current",
+                 hosts=None, external=None, replay_port=None):
         self.scheme = scheme
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-kv-"))
         self.upstreams = [Upstream(r) for r in ("replica-a", "replica-b", "replica-c")]
-        replay_port = free_port()
-        self.pubs = {
-            "replica-a": Publisher("127.0.0.1", generation),
-            "replica-b": Publisher("127.0.0.2", generation),
-        }
+        self.replay_port = replay_port or free_port()
+        if hosts is None:
+            hosts = {"replica-a": "127.0.0.1", "replica-b": "127.0.0.2"}
+        self.pubs = {r: Publisher(h, generation, shape) for r, h in hosts.items()}
         for p in self.pubs.values():
-            p.start_replay(replay_port)
+            p.start_replay(self.replay_port)
+        self.external = external or {}
         self.policy = self.workdir / "policy.yaml"
-        self.policy.write_text(policy(scheme, self.upstreams, self.pubs, replay_port))
-        self.grpc_port, admin_port = free_port(), free_port()
-        self.admin = f"http://127.0.0.1:{admin_port}"
+        self.policy.write_text(policy(scheme, self.upstreams, self.pubs, self.replay_port,
+                                      self.external))
+        self.grpc_port, self.admin_port = free_port(), free_port()
+        self.ingest_port = free_port()
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.log = open(self.workdir / "sidecar.log", "w")
-        self.proc = subprocess.Popen(
-            [sidecar_binary(), "serve", "--config", str(self.policy),
-             "--grpc-addr", f"127.0.0.1:{self.grpc_port}",
-             "--ingest-addr", f"127.0.0.1:{free_port()}",
-             "--admin-addr", f"127.0.0.1:{admin_port}", "--policy-poll-ms", "100"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(lambda: requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200,
-                   what="sidecar /readyz")
+        self.proc = None
+        self.start_sidecar()
         self.envoy = Envoy(self.workdir, "override-host.yaml", self, self.upstreams)
         for p in self.pubs.values():
             self.warm_up(p)
+
+    def start_sidecar(self):
+        self.proc = subprocess.Popen(
+            [sidecar_binary(), "serve", "--config", str(self.policy),
+             "--grpc-addr", f"127.0.0.1:{self.grpc_port}",
+             "--ingest-addr", f"127.0.0.1:{self.ingest_port}",
+             "--admin-addr", f"127.0.0.1:{self.admin_port}", "--policy-poll-ms", "100"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(lambda: requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200,
+                   what="sidecar /readyz")
+
+    def stop_sidecar(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=10)
+
+    def snapshot(self):
+        return requests.get(f"{self.admin}/snapshot", timeout=2).json()
+
+    def replica(self, replica_id):
+        rows = [r for r in self.snapshot()["replicas"] if r["replicaId"] == replica_id]
+        assert len(rows) == 1, rows
+        return rows[0]
 
     def metric(self, name, labels="") -> float:
         text = requests.get(f"{self.admin}/metrics", timeout=2).text
@@ -248,6 +295,10 @@ class KvStack:
         return sum(r["prefixCount"] for r in snap["replicas"] if r["replicaId"] == replica)
 
     def route(self, chain):
+        r = self.route_response(chain)
+        return r.headers.get("x-inferencecache-reason"), r.headers.get("x-inferencecache-replica"), r.text
+
+    def route_response(self, chain):
         headers = {
             "x-inferencecache-tenant": TENANT,
             "x-inferencecache-model": MODEL,
@@ -258,7 +309,7 @@ class KvStack:
         }
         r = self.envoy.get(headers)
         assert r.status_code == 200
-        return r.headers.get("x-inferencecache-reason"), r.headers.get("x-inferencecache-replica"), r.text
+        return r
 
     def wait_count(self, replica, n, what=""):
         wait_until(lambda: self.prefix_count(replica) == n, timeout=5,
@@ -266,7 +317,7 @@ class KvStack:
 
     def close(self):
         self.envoy.stop()
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=10)
         self.log.close()
@@ -286,9 +337,12 @@ def wait_quiet(check, timeout):
     return False
 
 
-@pytest.fixture(params=["array", "map"])
+# Event generation x replay reply shape: the old array events with the old 3-frame
+# replies (vLLM 0.11), the map events with the current 4-frame replies (vLLM 0.33).
+@pytest.fixture(params=[("array", "older"), ("map", "current")], ids=["array-older", "map-current"])
 def stack(request):
-    s = KvStack(generation=request.param)
+    generation, shape = request.param
+    s = KvStack(generation=generation, shape=shape)
     yield s
     s.close()
 
@@ -351,17 +405,84 @@ def test_gap_is_replayed(stack):
     assert stack.route(content_chain(toks))[:2] == ("PREFIX_MATCH", "replica-a")
 
 
-def test_failed_replay_clears_rather_than_guess(stack):
+def test_failed_replay_keeps_the_entries_and_marks_the_replica_stale(stack):
     b = stack.pubs["replica-b"]
-    b.send([b.stored([41, 42], None, tokens(3000, 2))])
-    stack.wait_count("replica-b", 2)
+    b.send([b.stored(list(range(41, 47)), None, tokens(3000, 6))])
+    stack.wait_count("replica-b", 6)
+    assert stack.replica("replica-b")["kvEventsStale"] is False
     lost = b.seq
-    b.send([b.stored([43], 42, tokens(3032, 1))], deliver=False)
+    b.send([b.stored([47], 46, tokens(3096, 1))], deliver=False)
     del b.sent[lost]  # the engine's replay buffer no longer has it
     b.send([b.stored([51], None, tokens(7000, 1))])
-    stack.wait_count("replica-b", 1, "after the failed replay")
+    # What we knew stays (6 + the new 1), flagged as possibly stale.
+    stack.wait_count("replica-b", 7, "after the failed replay")
     assert stack.metric("kv_events_replays", '{kind="failed"}') == 1
-    assert stack.metric("kv_events_resets", '{kind="replay_failed"}') == 1
+    assert stack.metric("kv_events_resets", '{kind="replay_failed"}') == 0
+    assert stack.replica("replica-b")["kvEventsStale"] is True
+    assert stack.replica("replica-a")["kvEventsStale"] is False
+    assert stack.metric("kv_events_stale_replicas") == 1
+    assert stack.route(content_chain(tokens(3000, 6)))[:2] == ("PREFIX_MATCH", "replica-b")
+    # AllBlocksCleared makes it exact again.
+    b.send([b.cleared()])
+    stack.wait_count("replica-b", 0, "after AllBlocksCleared")
+    wait_until(lambda: stack.replica("replica-b")["kvEventsStale"] is False, timeout=5,
+               what="the stale mark to go")
+    assert stack.metric("kv_events_stale_replicas") == 0
+
+
+def test_warm_start_after_a_sidecar_restart_restores_the_index(stack):
+    """The engine keeps publishing while the sidecar is down; the new sidecar
+    replays the engine's buffer from seq 0 and ends with the same index."""
+    a, b = stack.pubs["replica-a"], stack.pubs["replica-b"]
+    a.send([a.stored([1, 2, 3], None, tokens(100, 3))])
+    a.send([a.stored([4, 5], 3, tokens(148, 2))])
+    b.send([b.stored([7, 8], None, tokens(900, 2)), b.stored([7, 8], None, tokens(900, 2))])
+    b.send([b.removed([8])])  # still referenced once
+    stack.wait_count("replica-a", 5)
+    stack.wait_count("replica-b", 2)
+    stack.stop_sidecar()
+    # Published while nobody listens: only the replay buffer has them.
+    a.send([a.stored([6], 5, tokens(180, 1))])
+    b.send([b.removed([7])])
+    a.send([a.stored([9], None, tokens(5000, 1))])
+    stack.start_sidecar()
+    stack.wait_count("replica-a", 7, "after the warm start")
+    stack.wait_count("replica-b", 2, "after the warm start")
+    before = {r["replicaId"]: r["prefixCount"] for r in stack.snapshot()["replicas"]}
+    assert before["replica-a"] == 7 and before["replica-b"] == 2
+    assert stack.snapshot()["totalEntries"] == 9
+    assert stack.metric("kv_events_warm_starts", '{kind="exact"}') == 2
+    assert stack.metric("kv_events_gaps") == 0
+    # The rebuilt index routes, and removals of replayed stores still apply:
+    # b's remaining reference to 8 goes with one more removal.
+    assert stack.route(content_chain(tokens(100, 6)))[:2] == ("PREFIX_MATCH", "replica-a")
+    b.send([b.removed([8])])
+    stack.wait_count("replica-b", 1, "after removing 8 once more")
+    # Live batches keep following, nothing applied twice.
+    a.send([a.stored([10], 9, tokens(5016, 1))])
+    stack.wait_count("replica-a", 8)
+    assert stack.replica("replica-a")["kvEventsStale"] is False
+
+
+def test_warm_start_of_10000_buffered_batches(stack):
+    a = stack.pubs["replica-a"]
+    payloads = []
+    for i in range(10_000):
+        payloads.append(a.encode([a.stored([100_000 + i], None, tokens(1_000_000 + i * 16, 1))]))
+    stack.stop_sidecar()
+    for p in payloads:
+        a.send_raw(p, deliver=False)
+    start = time.monotonic()
+    stack.start_sidecar()
+    ready = time.monotonic()
+    wait_until(lambda: stack.prefix_count("replica-a") >= 10_000, timeout=60,
+               what="10,000 buffered batches to be applied")
+    done = time.monotonic()
+    print(f"warm start of 10,000 buffered batches: {done - ready:.2f} s after /readyz "
+          f"({done - start:.2f} s from process start)")
+    assert stack.prefix_count("replica-a") == 10_000
+    assert stack.metric("kv_events_warm_starts", '{kind="exact"}') >= 1
+    assert stack.metric("kv_events_gaps") == 0
 
 
 def test_garbage_is_counted_never_applied(stack):
@@ -427,3 +548,148 @@ def test_end_to_end_with_inferencecache_chain(scheme):
         assert (reason, replica, served) == ("PREFIX_MATCH", "replica-b", "replica-b")
     finally:
         s.close()
+
+
+# --- SGLang's own publisher and classes (0.5.23 and 0.5.3 wheels) -------------
+
+def page_hash(data: bytes) -> int:
+    """An engine-style page hash: a signed 64-bit value (the i64 path)."""
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
+
+
+def sglang_pages(kv, version, pages):
+    """One BlockStored per page, as SGLang's radix cache publishes them. 0.5.3
+    names a page by a hash of its own tokens only (so a page repeated under
+    another prefix repeats its hash, with another parent); 0.5.23 chains."""
+    events, parent = [], None
+    for page in pages:
+        tok = b"".join(struct.pack("<I", t) for t in page)
+        if version == "0.5.3":
+            h = page_hash(tok)
+        else:
+            h = page_hash((parent or 0).to_bytes(8, "big", signed=True) + tok)
+        events.append(kv.BlockStored(block_hashes=[h], parent_block_hash=parent,
+                                     token_ids=list(page), block_size=BLOCK, lora_id=None))
+        parent = h
+    return events
+
+
+def sglang_publish(kv, publisher, events):
+    publisher.publish(kv.KVEventBatch(ts=time.time(), events=events))
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.3"])
+def test_real_sglang_publisher_warm_start_shared_pages_and_restart(version):
+    """SGLang's ZmqEventPublisher (PUB + replay ROUTER, its own reply shape) and
+    event classes: the batch published before the sidecar exists is fetched by the
+    warm start; a second prompt sharing seven of the first prompt's pages behind
+    another first page matches all 128 tokens (0.5.3 repeats the engine hashes
+    under new parents); a sidecar restart ends with the same index."""
+    kv = engines.sglang_kv_events(version)
+    port, replay = free_port(), free_port()
+    publisher = kv.ZmqEventPublisher(0, endpoint=f"tcp://*:{port}",
+                                     replay_endpoint=f"tcp://*:{replay}", topic="kv")
+    s = None
+    try:
+        p1 = [list(range(10_000 + i * BLOCK, 10_000 + (i + 1) * BLOCK)) for i in range(8)]
+        p2 = [list(range(50_000, 50_000 + BLOCK))] + p1[1:]
+        sglang_publish(kv, publisher, sglang_pages(kv, version, p1))  # nobody listens yet
+        time.sleep(0.2)
+        s = KvStack(hosts={}, external={"replica-a": f"tcp://127.0.0.1:{port}"},
+                    replay_port=replay)
+        s.wait_count("replica-a", 8, "after the warm start")
+        assert s.metric("kv_events_warm_starts", '{kind="exact"}') == 1
+        chain1 = content_chain(sum(p1, []))
+        assert s.route(chain1)[:2] == ("PREFIX_MATCH", "replica-a")
+
+        sglang_publish(kv, publisher, sglang_pages(kv, version, p2))
+        s.wait_count("replica-a", 16, "after the second prompt")
+        r = s.route_response(content_chain(sum(p2, [])))
+        assert r.headers["x-inferencecache-reason"] == "PREFIX_MATCH"
+        assert r.headers["x-inferencecache-matched-tokens"] == "128"
+
+        before = s.snapshot()
+        s.stop_sidecar()
+        p3 = p2 + [list(range(60_000, 60_000 + BLOCK))]
+        sglang_publish(kv, publisher, sglang_pages(kv, version, p3)[-1:])  # while down
+        time.sleep(0.2)
+        s.start_sidecar()
+        s.wait_count("replica-a", 17, "after the restart")
+        after = s.snapshot()
+        assert after["totalEntries"] == before["totalEntries"] + 1
+        r = s.route_response(content_chain(sum(p3, [])))
+        assert r.headers["x-inferencecache-matched-tokens"] == str(9 * BLOCK)
+        assert s.replica("replica-a")["kvEventsStale"] is False
+    finally:
+        if s:
+            s.close()
+        publisher.shutdown()
+
+
+# --- a hostile peer -----------------------------------------------------------
+
+class OversizedPeer:
+    """Listens like an engine's PUB, completes the ZMTP 3 handshake (greeting +
+    READY, written by hand from RFC 23), then announces a 1 TiB frame."""
+
+    def __init__(self, host):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.handshakes = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    conn.sendall(b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL"
+                                 + b"\x00" * 16 + b"\x00" + b"\x00" * 31)
+                    got = b""
+                    while len(got) < 64:
+                        chunk = conn.recv(64 - len(got))
+                        if not chunk:
+                            raise OSError("closed")
+                        got += chunk
+                    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 3) + b"PUB"
+                    conn.sendall(bytes([0x04, len(ready)]) + ready)
+                    self.handshakes += 1
+                    conn.sendall(b"\x02" + struct.pack(">Q", 1 << 40) + b"x" * 1024)
+                    while conn.recv(65536):  # until the sidecar hangs up
+                        pass
+                except OSError:
+                    pass
+
+    def close(self):
+        self._stop.set()
+        self.sock.close()
+
+
+def test_oversized_frame_drops_the_connection_and_the_sidecar_keeps_serving():
+    peer = OversizedPeer("127.0.0.3")
+    s = KvStack(external={"replica-c": f"tcp://127.0.0.3:{peer.port}"})
+    try:
+        wait_until(lambda: s.metric("kv_events_oversized_frames") >= 2, timeout=15,
+                   what="oversized frames to be counted (and the peer reconnected to)")
+        assert s.proc.poll() is None, "the sidecar died"
+        assert s.metric("kv_events_dropped_connections", '{kind="oversized"}') >= 2
+        assert peer.handshakes >= 2
+        # Still serving decisions and following the other engines.
+        a = s.pubs["replica-a"]
+        toks = tokens(123_000)
+        a.send([a.stored(list(range(900, 906)), None, toks)])
+        s.wait_count("replica-a", 6)
+        assert s.route(content_chain(toks))[:2] == ("PREFIX_MATCH", "replica-a")
+        assert s.proc.poll() is None
+    finally:
+        s.close()
+        peer.close()

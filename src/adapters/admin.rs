@@ -16,6 +16,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use crate::adapters::drain::Drain;
+use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::metrics::Metrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
@@ -97,7 +98,30 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 async fn snapshot(State(s): State<AdminState>) -> Json<Value> {
     let now = Timestamp::now();
     let view = s.router.view(now);
-    Json(snapshot_json(&view, &s.router.snapshot(), now))
+    let mut body = snapshot_json(&view, &s.router.snapshot(), now);
+    mark_stale(&mut body, s.metrics.kv_events());
+    Json(body)
+}
+
+/// Adds `kvEventsStale` to every replica of a `/snapshot` body: true when the
+/// replica's KV event stream lost batches that could not be replayed, so its
+/// entries may be out of date (they are kept; see `kv_events::subscriber`).
+pub fn mark_stale(body: &mut Value, kv: &KvEventMetrics) {
+    let Some(replicas) = body.get_mut("replicas").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for r in replicas {
+        let field = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+        let stale = kv.is_stale(
+            field("tenant"),
+            field("model"),
+            field("hashScheme"),
+            field("replicaId"),
+        );
+        if let Some(obj) = r.as_object_mut() {
+            obj.insert("kvEventsStale".into(), Value::Bool(stale));
+        }
+    }
 }
 
 async fn policy(State(s): State<AdminState>) -> Json<Value> {

@@ -90,6 +90,29 @@ fn snapshot_has_the_contract_shape() {
 }
 
 #[test]
+fn replicas_whose_kv_events_were_lost_are_marked_stale() {
+    let (router, now) = mk_router();
+    let mut v = snapshot_json(&router.view(now), &router.snapshot(), now);
+    let kv = KvEventMetrics::default();
+    let key = ("acme".into(), "llama".into(), "vllm".into(), "r1".into());
+    kv.set_stale(&key, true);
+    mark_stale(&mut v, &kv);
+    let replicas = v["replicas"].as_array().unwrap();
+    let r1 = replicas.iter().find(|r| r["replicaId"] == "r1").unwrap();
+    let p1 = replicas.iter().find(|r| r["replicaId"] == "p1").unwrap();
+    assert_eq!(
+        (&r1["kvEventsStale"], &p1["kvEventsStale"]),
+        (&json!(true), &json!(false))
+    );
+    // The other keys are untouched.
+    assert_eq!(r1["prefixCount"], 3);
+    kv.set_stale(&key, false);
+    mark_stale(&mut v, &kv);
+    assert_eq!(v["replicas"][0]["kvEventsStale"], false);
+    assert_eq!(v["replicas"][1]["kvEventsStale"], false);
+}
+
+#[test]
 fn declared_tenants_are_listed_even_when_empty() {
     let now = Timestamp::from_secs(1);
     let ns = NamespacePolicy {

@@ -15,6 +15,8 @@
 use rmpv::Value;
 use thiserror::Error;
 
+pub use crate::adapters::MAX_CHAIN_BLOCKS;
+
 /// Nesting deeper than this is not an engine payload.
 const MAX_DEPTH: usize = 16;
 
@@ -27,6 +29,9 @@ pub struct EngineBatch {
     pub data_parallel_rank: Option<i64>,
     /// Events of a type this decoder does not know, skipped.
     pub skipped: u32,
+    /// Events over [`MAX_CHAIN_BLOCKS`] blocks, skipped (the gRPC path refuses
+    /// the same runs).
+    pub too_long: u32,
 }
 
 /// One engine event.
@@ -113,14 +118,25 @@ pub fn decode_batch(payload: &[u8]) -> Result<EngineBatch, DecodeError> {
         events: Vec::with_capacity(raw_events.len()),
         data_parallel_rank,
         skipped: 0,
+        too_long: 0,
     };
     for (index, raw) in raw_events.into_iter().enumerate() {
         match decode_event(raw).map_err(|(tag, what)| DecodeError::Event { index, tag, what })? {
+            Some(e) if run_len(&e) > MAX_CHAIN_BLOCKS => batch.too_long += 1,
             Some(e) => batch.events.push(e),
             None => batch.skipped += 1,
         }
     }
     Ok(batch)
+}
+
+/// Blocks named by one event.
+fn run_len(e: &EngineEvent) -> usize {
+    match e {
+        EngineEvent::BlockStored { block_hashes, .. }
+        | EngineEvent::BlockRemoved { block_hashes, .. } => block_hashes.len(),
+        EngineEvent::AllBlocksCleared => 0,
+    }
 }
 
 type EventResult = Result<Option<EngineEvent>, (&'static str, String)>;

@@ -1,6 +1,9 @@
 //! KV event subscriber metrics (registered into the process registry by
 //! [`crate::adapters::metrics::Metrics::new`]). Labels are fixed strings only.
 
+use std::collections::HashSet;
+
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,7 +28,17 @@ pub struct KvEventMetrics {
     connects: Family<Kind, Counter>,
     lag: Histogram,
     subscribers: Gauge,
+    oversized: Counter,
+    dropped_connections: Family<Kind, Counter>,
+    duplicates: Counter,
+    warm_starts: Family<Kind, Counter>,
+    stale_replicas: Gauge,
+    /// (tenant, model, hash scheme, replica) of the replicas marked possibly stale.
+    stale: Mutex<HashSet<StaleKey>>,
 }
+
+/// Which replica: (tenant, model, hash scheme, replica id).
+pub type StaleKey = (String, String, String, String);
 
 impl Default for KvEventMetrics {
     fn default() -> Self {
@@ -40,6 +53,12 @@ impl Default for KvEventMetrics {
             // 100 µs .. ~50 s
             lag: Histogram::new(exponential_buckets(1e-4, 2.0, 20)),
             subscribers: Gauge::default(),
+            oversized: Counter::default(),
+            dropped_connections: Family::default(),
+            duplicates: Counter::default(),
+            warm_starts: Family::default(),
+            stale_replicas: Gauge::default(),
+            stale: Mutex::new(HashSet::new()),
         }
     }
 }
@@ -74,8 +93,33 @@ impl KvEventMetrics {
         );
         registry.register(
             "kv_events_resets",
-            "Replicas cleared by cause: restart (seq went back), replay_failed, overflow, engine (AllBlocksCleared), start",
+            "Replicas cleared by cause: restart (seq went back), overflow, engine (AllBlocksCleared), warm_start (a replay from seq 0 rebuilt it)",
             self.resets.clone(),
+        );
+        registry.register(
+            "kv_events_oversized_frames",
+            "ZMQ frames whose header announced more than the message-size limit (the connection was dropped)",
+            self.oversized.clone(),
+        );
+        registry.register(
+            "kv_events_dropped_connections",
+            "ZMQ connections dropped by us, by kind: oversized, protocol (not ZMTP 3, bad frames), handshake (timed out)",
+            self.dropped_connections.clone(),
+        );
+        registry.register(
+            "kv_events_duplicate_batches",
+            "Live batches dropped because the warm-start replay already applied them",
+            self.duplicates.clone(),
+        );
+        registry.register(
+            "kv_events_warm_starts",
+            "Replays from seq 0 (at subscriber start, and resyncs of a stale replica) by outcome: exact (the buffer reached seq 0), partial (it did not), failed",
+            self.warm_starts.clone(),
+        );
+        registry.register(
+            "kv_events_stale_replicas",
+            "Replicas whose entries may be stale (a lost batch could not be replayed); see kvEventsStale in /snapshot",
+            self.stale_replicas.clone(),
         );
         registry.register(
             "kv_events_connects",
@@ -148,5 +192,54 @@ impl KvEventMetrics {
 
     pub fn subscriber_stopped(&self) {
         self.subscribers.dec();
+    }
+
+    /// A connection dropped by us: `kind` is oversized, protocol or handshake.
+    pub fn dropped_connection(&self, kind: &'static str) {
+        if kind == "oversized" {
+            self.oversized.inc();
+        }
+        self.dropped_connections.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// Frames refused for their announced size so far.
+    pub fn oversized(&self) -> u64 {
+        self.oversized.get()
+    }
+
+    pub fn duplicate(&self) {
+        self.duplicates.inc();
+    }
+
+    /// `kind`: exact, partial or failed.
+    pub fn warm_start(&self, kind: &'static str) {
+        self.warm_starts.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// Marks (or unmarks) a replica as possibly stale.
+    pub fn set_stale(&self, key: &StaleKey, stale: bool) {
+        let mut set = self.stale.lock();
+        let changed = if stale {
+            set.insert(key.clone())
+        } else {
+            set.remove(key)
+        };
+        if changed {
+            self.stale_replicas.set(set.len() as i64);
+        }
+    }
+
+    /// Is this replica marked possibly stale?
+    pub fn is_stale(&self, tenant: &str, model: &str, hash_scheme: &str, replica: &str) -> bool {
+        let set = self.stale.lock();
+        if set.is_empty() {
+            return false;
+        }
+        set.contains(&(
+            tenant.to_string(),
+            model.to_string(),
+            hash_scheme.to_string(),
+            replica.to_string(),
+        ))
     }
 }

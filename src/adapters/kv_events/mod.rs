@@ -1,7 +1,8 @@
 //! Engine KV events (vLLM, SGLang) → index events: the ZMQ subscriber adapter.
 //!
 //! ```text
-//!  engine PUB ──[topic, seq, payload]──▶ subscriber (transport, seq, replay)
+//!  engine PUB ──[topic, seq, payload]──▶ zmtp (ZMTP 3, size-limited) ──▶
+//!        subscriber (seq, warm start, replay, staleness)
 //!        ──payload──▶ decode (msgpack → EngineBatch)
 //!        ──EngineEvent──▶ translate (per replica, per hash scheme → IndexEvent)
 //!        ──▶ Router::ingest
@@ -12,3 +13,4 @@ pub mod metrics;
 pub mod subscriber;
 pub mod supervisor;
 pub mod translate;
+pub mod zmtp;

@@ -3,16 +3,33 @@
 //! - `ic-content-v1`: the engine's hashes are not what clients compute, so each
 //!   stored block gets its own content value ([`chain::content_block`]) from the
 //!   event's `token_ids`, continuing from the parent's *own* value. The engine hash →
-//!   own value map is kept (reference-counted, as engines store and remove the same
+//!   own values map is kept (reference-counted, as engines store and remove the same
 //!   hash more than once) to translate removals and later parents; removals and
 //!   clears drop mappings, and a map over its bound clears the replica rather than
 //!   grow without limit.
+//!
+//!   An engine hash is not always a chain position: SGLang 0.5.3 names a page by a
+//!   hash of its own tokens only, so the same engine hash arrives under different
+//!   parents. The own value is therefore always recomputed from the resolved own
+//!   parent and the tokens (so it *is* the position), and an engine hash maps to
+//!   every own value it was stored as, each with its own count, most recently
+//!   stored last:
+//!   - a parent resolves to the engine hash's most recently stored own value (an
+//!     engine publishes one request's pages in order, so that is the page stored
+//!     just before this one);
+//!   - a removal, which names only the engine hash, takes one reference from the
+//!     *least* recently stored own value (engines evict least recently used pages
+//!     first). When one engine hash has several positions this is a guess; a wrong
+//!     guess leaves one entry that the TTL removes. Engines whose hashes chain
+//!     (vLLM, SGLang ≥ 0.5.4) never have more than one position per hash.
 //! - any other scheme (`vllm-sha256-cbor`, `engine-raw`, …): the engine's hashes
 //!   are the chain; they pass through.
 //!
 //! Only the main pool counts: events for another `medium` (CPU offload) are skipped.
 
 use std::collections::HashMap;
+
+use smallvec::SmallVec;
 
 use crate::adapters::kv_events::decode::EngineEvent;
 use crate::core::chain::{self, Scheme};
@@ -35,9 +52,18 @@ pub struct Skipped {
 #[derive(Debug)]
 pub struct ReplicaChains {
     content: bool,
-    /// engine hash → (own value, references)
-    own: HashMap<u64, (u64, u32)>,
+    /// engine hash → its own values (positions), least recently stored first.
+    own: HashMap<u64, SmallVec<[Position; 1]>>,
+    /// Positions over all engine hashes.
+    positions: usize,
     max_mappings: usize,
+}
+
+/// One own-chain value an engine hash was stored as, and how many times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Position {
+    value: u64,
+    refs: u32,
 }
 
 impl ReplicaChains {
@@ -45,18 +71,21 @@ impl ReplicaChains {
         Self {
             content: Scheme::from_name(hash_scheme) == Some(Scheme::ContentV1),
             own: HashMap::new(),
+            positions: 0,
             max_mappings,
         }
     }
 
-    /// Engine hashes currently mapped (always 0 for pass-through schemes).
+    /// (engine hash, own value) positions currently mapped (always 0 for
+    /// pass-through schemes).
     pub fn mappings(&self) -> usize {
-        self.own.len()
+        self.positions
     }
 
     /// Forgets everything (the replica was cleared or restarted).
     pub fn reset(&mut self) {
         self.own = HashMap::new();
+        self.positions = 0;
     }
 
     /// Appends the index events of `events` to `out`, in order.
@@ -117,7 +146,7 @@ impl ReplicaChains {
             if !applied {
                 skipped.events += 1;
             }
-            if self.own.len() > self.max_mappings {
+            if self.positions > self.max_mappings {
                 self.reset();
                 out.push(IndexEvent::Cleared);
                 skipped.overflowed = true;
@@ -140,8 +169,9 @@ impl ReplicaChains {
         }
         let mut own_parent = match parent {
             None => None,
-            Some(p) => match self.own.get(&p) {
-                Some(&(v, _)) => Some(v),
+            // The most recently stored position of the parent's engine hash.
+            Some(p) => match self.own.get(&p).and_then(|v| v.last()) {
+                Some(pos) => Some(pos.value),
                 // The parent was stored before we listened: its own value is unknown.
                 None => return false,
             },
@@ -149,11 +179,25 @@ impl ReplicaChains {
         let first_parent = own_parent;
         let mut hashes = Vec::with_capacity(block_hashes.len());
         for (engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(bs)) {
+            // Recomputed every time: the value names the position (parent + tokens),
+            // whatever the engine hash does.
             let value = chain::content_block(own_parent, tokens);
-            let slot = self.own.entry(*engine).or_insert((value, 0));
-            // The same engine hash always names the same content; keep the first value.
-            slot.1 = slot.1.saturating_add(1);
-            let value = slot.0;
+            let slots = self.own.entry(*engine).or_default();
+            match slots.iter().position(|p| p.value == value) {
+                // The common case: one position, stored again.
+                Some(i) if i + 1 == slots.len() => {
+                    slots[i].refs = slots[i].refs.saturating_add(1);
+                }
+                Some(i) => {
+                    let mut p = slots.remove(i);
+                    p.refs = p.refs.saturating_add(1);
+                    slots.push(p);
+                }
+                None => {
+                    slots.push(Position { value, refs: 1 });
+                    self.positions += 1;
+                }
+            }
             hashes.push(value);
             own_parent = Some(value);
         }
@@ -168,13 +212,21 @@ impl ReplicaChains {
     fn remove_content(&mut self, block_hashes: &[u64]) -> Vec<u64> {
         let mut hashes = Vec::with_capacity(block_hashes.len());
         for engine in block_hashes {
-            let Some(slot) = self.own.get_mut(engine) else {
+            let Some(slots) = self.own.get_mut(engine) else {
                 continue;
             };
-            hashes.push(slot.0);
-            slot.1 -= 1;
-            if slot.1 == 0 {
-                self.own.remove(engine);
+            // The least recently stored position (see the module docs).
+            let Some(first) = slots.first_mut() else {
+                continue;
+            };
+            hashes.push(first.value);
+            first.refs -= 1;
+            if first.refs == 0 {
+                slots.remove(0);
+                self.positions -= 1;
+                if slots.is_empty() {
+                    self.own.remove(engine);
+                }
             }
         }
         hashes
@@ -341,5 +393,138 @@ mod tests {
             );
             assert_eq!(r.mappings(), 0);
         }
+    }
+
+    /// SGLang 0.5.3: one BlockStored per page, the engine hash a hash of the page's
+    /// own tokens only, the parent the previous page's engine hash.
+    fn sglang_053_pages(pages: &[Vec<u32>]) -> Vec<EngineEvent> {
+        let page_hash = |t: &[u32]| chain::content_block(None, t) ^ 0x5e5e;
+        let mut parent = None;
+        pages
+            .iter()
+            .map(|t| {
+                let h = page_hash(t);
+                let e = EngineEvent::BlockStored {
+                    block_hashes: vec![h],
+                    parent_block_hash: parent,
+                    token_ids: t.clone(),
+                    block_size: 4,
+                    medium: None,
+                };
+                parent = Some(h);
+                e
+            })
+            .collect()
+    }
+
+    fn own_chain(pages: &[Vec<u32>]) -> Vec<u64> {
+        let tokens: Vec<u32> = pages.concat();
+        compute_chain(Scheme::ContentV1, &tokens, 4, None).unwrap()
+    }
+
+    fn stored_values(out: &[IndexEvent]) -> Vec<u64> {
+        out.iter()
+            .flat_map(|e| match e {
+                IndexEvent::Stored { hashes, .. } => hashes.clone(),
+                _ => vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sglang_053_page_hashes_under_two_parents_give_both_chains() {
+        let page = |i: u32| (i * 4..i * 4 + 4).collect::<Vec<u32>>();
+        // P1 = pages 0..8; P2 = another first page + P1's pages 1..8.
+        let p1: Vec<Vec<u32>> = (0..8).map(page).collect();
+        let mut p2 = vec![page(100)];
+        p2.extend(p1[1..].iter().cloned());
+        let mut r = ReplicaChains::new(IC_CONTENT_V1, 100);
+        let mut out = Vec::new();
+        assert_eq!(
+            r.translate(&sglang_053_pages(&p1), &mut out),
+            Skipped::default()
+        );
+        assert_eq!(stored_values(&out), own_chain(&p1));
+        out.clear();
+        assert_eq!(
+            r.translate(&sglang_053_pages(&p2), &mut out),
+            Skipped::default()
+        );
+        // Every page of P2 gets P2's own chain value, not P1's.
+        assert_eq!(stored_values(&out), own_chain(&p2));
+        assert_eq!(r.mappings(), 16, "pages 1..8 have two positions each");
+
+        // A third prompt continuing P2 resolves its parent to P2's position.
+        let mut p3 = p2.clone();
+        p3.push(page(200));
+        out.clear();
+        let mut events = sglang_053_pages(&p3);
+        let last = events.pop().unwrap();
+        r.translate(&[last], &mut out);
+        assert_eq!(stored_values(&out), own_chain(&p3)[8..].to_vec());
+
+        // Evicting P1's pages 1..8 (the engine names them by hash only) removes
+        // P1's positions, the least recently stored, and keeps P2's.
+        let removed_hashes: Vec<u64> = sglang_053_pages(&p1)[1..]
+            .iter()
+            .map(|e| match e {
+                EngineEvent::BlockStored { block_hashes, .. } => block_hashes[0],
+                _ => unreachable!(),
+            })
+            .collect();
+        out.clear();
+        r.translate(&[removed(&removed_hashes)], &mut out);
+        assert_eq!(
+            out,
+            vec![IndexEvent::Removed {
+                hashes: own_chain(&p1)[1..].to_vec()
+            }]
+        );
+        assert_eq!(r.mappings(), 10, "P1's first page, P2's 8 pages, P3's last");
+        // And again: now P2's positions go.
+        out.clear();
+        r.translate(&[removed(&removed_hashes)], &mut out);
+        assert_eq!(
+            out,
+            vec![IndexEvent::Removed {
+                hashes: own_chain(&p2)[1..].to_vec()
+            }]
+        );
+        assert_eq!(r.mappings(), 3);
+    }
+
+    #[test]
+    fn a_position_stored_twice_counts_twice_even_between_other_positions() {
+        let mut r = ReplicaChains::new(IC_CONTENT_V1, 100);
+        let mut out = Vec::new();
+        // Engine hash 7 stored as (no parent, tokens 0..4), then under parent 1, then
+        // again as the first: the first position now has two references.
+        r.translate(
+            &[
+                stored(&[7], None, 0..4),
+                stored(&[1], None, 100..104),
+                stored(&[7], Some(1), 0..4),
+                stored(&[7], None, 0..4),
+            ],
+            &mut out,
+        );
+        let a = content_block_of(0..4);
+        let b = chain::content_block(
+            Some(content_block_of(100..104)),
+            &(0..4).collect::<Vec<_>>(),
+        );
+        assert_eq!(r.mappings(), 3);
+        out.clear();
+        // Least recently stored first: b (a moved to the end when stored again).
+        r.translate(&[removed(&[7]), removed(&[7]), removed(&[7])], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                IndexEvent::Removed { hashes: vec![b] },
+                IndexEvent::Removed { hashes: vec![a] },
+                IndexEvent::Removed { hashes: vec![a] },
+            ]
+        );
+        assert_eq!(r.mappings(), 1, "only engine hash 1 is left");
     }
 }
