@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::decode::{self, EngineEvent};
+use super::frames;
 use super::metrics::KvEventMetrics;
 use super::translate::{ReplicaChains, Skipped};
 use crate::core::Router;
@@ -161,17 +162,8 @@ async fn read_loop(
 
 /// `[topic, seq (8 bytes BE), payload]`; anything else is malformed.
 fn frame_of(msg: ZmqMessage) -> Option<Frame> {
-    let mut frames = msg.into_vec();
-    if frames.len() != 3 {
-        return None;
-    }
-    let payload = frames.pop()?;
-    let seq = seq_of(frames.get(1)?)?;
+    let (seq, payload) = frames::published(msg.into_vec())?;
     Some(Frame { seq, payload })
-}
-
-fn seq_of(b: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(b.try_into().ok()?))
 }
 
 /// The per-replica state of the apply task.
@@ -320,11 +312,7 @@ async fn replay(config: &SubscriberConfig, from: u64, until: u64) -> Result<Vec<
         let mut got = Vec::new();
         loop {
             let msg = socket.recv().await.map_err(|e| e.to_string())?;
-            let frames = msg.into_vec();
-            let (seq, payload) = match frames.as_slice() {
-                [_empty, seq, payload] => (seq_of(seq).ok_or("bad replay seq")?, payload.clone()),
-                _ => return Err("replay reply is not [\"\", seq, payload]".to_string()),
-            };
+            let (seq, payload) = frames::replay_reply(&msg.into_vec())?;
             if seq == END_OF_REPLAY {
                 break;
             }
