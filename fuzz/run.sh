@@ -35,6 +35,7 @@ else
 fi
 
 started=$(date +%s)
+cargo fmt --check
 cargo fuzz build --sanitizer "$SANITIZER"
 echo "fuzz: built in $(($(date +%s) - started)) s"
 

@@ -110,7 +110,11 @@ fn encode_array(b: &EngineBatch) -> Value {
             EngineEvent::BlockRemoved {
                 block_hashes,
                 medium,
-            } => Value::Array(vec![s("BlockRemoved"), hashes(block_hashes), opt_str(medium)]),
+            } => Value::Array(vec![
+                s("BlockRemoved"),
+                hashes(block_hashes),
+                opt_str(medium),
+            ]),
             EngineEvent::AllBlocksCleared => Value::Array(vec![s("AllBlocksCleared")]),
         })
         .collect();
