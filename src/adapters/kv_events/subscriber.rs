@@ -320,7 +320,7 @@ async fn replay(config: &SubscriberConfig, from: u64, until: u64) -> Result<Vec<
                 got.push(Frame { seq, payload });
             }
         }
-        Ok(got)
+        Ok::<_, String>(got)
     };
     let got = tokio::time::timeout(config.replay_timeout, work)
         .await
