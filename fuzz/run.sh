@@ -55,7 +55,7 @@ for t in "${targets[@]}"; do
         failed+=("$t")
         tail -n 60 "$log"
         crash=$(grep -o 'Test unit written to [^ ]*' "$log" | head -n 1 | sed 's/Test unit written to //')
-        echo "fuzz: $t FAILED; crashing input: fuzz/${crash:-<none written, see fuzz/$log>}"
+        echo "fuzz: $t FAILED; crashing input: ${crash:-<none written, see fuzz/$log>}"
         [ -n "$crash" ] && echo "fuzz: reproduce with: RUSTC_BOOTSTRAP=1 cargo fuzz run -s $SANITIZER $t $crash (in fuzz/)"
     fi
 done
