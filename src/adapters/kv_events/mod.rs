@@ -9,6 +9,7 @@
 //! ```
 
 pub mod decode;
+pub mod frames;
 pub mod metrics;
 pub mod subscriber;
 pub mod supervisor;

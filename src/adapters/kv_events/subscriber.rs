@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::decode::{self, EngineEvent};
+use super::frames::{self, replay_reply};
 use super::metrics::{KvEventMetrics, StaleKey};
 use super::translate::{ReplicaChains, Skipped};
 use super::zmtp::{Connection, Limits, SocketType, ZmtpError};
@@ -352,36 +353,8 @@ async fn follow(
 }
 
 /// `[topic, seq (8 bytes BE), payload]`; anything else is malformed.
-fn frame_of(mut frames: Vec<Bytes>) -> Option<Frame> {
-    if frames.len() != 3 {
-        return None;
-    }
-    let payload = frames.pop()?;
-    let seq = seq_of(frames.get(1)?)?;
-    Some(Frame { seq, payload })
-}
-
-fn seq_of(b: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(b.try_into().ok()?))
-}
-
-/// `(seq, payload)` of one replay reply, in either shape the engines send:
-/// current (vLLM 0.33, SGLang 0.5.23) `["", topic, seq, payload]`, end marker
-/// `["", "", u64::MAX, ""]`; older (vLLM 0.11, SGLang 0.5.3) `["", seq, payload]`,
-/// end marker `["", u64::MAX, ""]`. Told apart by the frame count.
-fn replay_reply(frames: &[Bytes]) -> Result<(u64, Bytes), String> {
-    let (seq, payload) = match frames {
-        [empty, _topic, seq, payload] if empty.is_empty() => (seq, payload),
-        [empty, seq, payload] if empty.is_empty() => (seq, payload),
-        _ => {
-            return Err(format!(
-                "a replay reply of {} frames is neither [\"\", topic, seq, payload] nor [\"\", seq, payload]",
-                frames.len()
-            ));
-        }
-    };
-    let seq = seq_of(seq).ok_or("a replay reply's seq is not 8 bytes")?;
-    Ok((seq, payload.clone()))
+fn frame_of(msg: Vec<Bytes>) -> Option<Frame> {
+    frames::published(msg).map(|(seq, payload)| Frame { seq, payload })
 }
 
 /// Asks `endpoint` (the engine's replay ROUTER) for every batch from `from` and

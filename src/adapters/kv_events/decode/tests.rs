@@ -291,3 +291,20 @@ fn garbage_is_an_error_never_a_panic() {
         assert!(decode_batch(&good[..cut]).is_err(), "cut {cut}");
     }
 }
+
+#[test]
+fn the_fuzz_seed_payloads_decode() {
+    // fuzz/seeds/kv_payload: real engine shapes encoded by msgspec (vLLM with
+    // extra_keys and every slot, SGLang pages, byte and signed hashes). A seed
+    // that stopped decoding would leave the fuzzer starting from nothing.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kv_payload");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let batch = decode_batch(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!batch.events.is_empty(), "{}", path.display());
+        seen += 1;
+    }
+    assert!(seen >= 5, "only {seen} seeds in {}", dir.display());
+}
