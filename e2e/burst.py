@@ -97,6 +97,9 @@ def envoy_config(template, envoy_port, admin_port, grpc_port, upstreams, log_pat
     if args.grpc_timeout:
         text = re.sub(r"(envoy_grpc: \{ cluster_name: inferencecache_ext_proc \}\n\s+timeout:) \S+",
                       rf"\1 {args.grpc_timeout}", text)
+    if args.streams_per_sidecar_cx:
+        text = text.replace("http2_protocol_options: {}",
+                            f"http2_protocol_options: {{ max_concurrent_streams: {args.streams_per_sidecar_cx} }}")
     if args.no_ext_proc:
         text = re.sub(r"          - name: envoy.filters.http.ext_proc\n(?:            .*\n|              .*\n)+",
                       "", text)
@@ -115,6 +118,9 @@ def main():
     p.add_argument("--concurrency", type=int, default=os.cpu_count(), help="Envoy worker threads")
     p.add_argument("--message-timeout", help="override message_timeout, e.g. 1s")
     p.add_argument("--grpc-timeout", help="override the ext_proc grpc_service timeout")
+    p.add_argument("--streams-per-sidecar-cx", type=int,
+                   help="cap the ext_proc streams per HTTP/2 connection to the sidecar "
+                        "(http2_protocol_options.max_concurrent_streams): more connections")
     p.add_argument("--no-ext-proc", action="store_true", help="Envoy without the ext_proc filter")
     p.add_argument("--sidecar", default=os.environ.get("INFERENCECACHE_BIN"),
                    help="sidecar binary (default $INFERENCECACHE_BIN)")
@@ -155,7 +161,7 @@ def main():
         wait_until(lambda: requests.get(f"http://127.0.0.1:{envoy_port}/", timeout=1).ok,
                    what="Envoy")
         for i in range(args.warmup):  # connections to the sidecar and replicas exist
-            requests.get(f"http://127.0.0.1:{envoy_port}/v1/completions",
+            requests.get(f"http://127.0.0.1:{envoy_port}/warmup",  # not held
                          headers=headers_for(900_000 + i), timeout=5)
         before = stat_dict(admin)
         metrics_before = requests.get(f"{sidecar.admin}/metrics", timeout=5).text
@@ -224,7 +230,7 @@ def main():
     print(json.dumps(result, indent=2))
     s, c = result["envoy_stats"], result["client"]
     print(f"SUMMARY {args.template} streams={args.streams} ramp={args.ramp}s "
-          f"concurrency={args.concurrency} message_timeout={args.message_timeout or 'shipped'}"
+          f"concurrency={args.concurrency} streams_per_cx={args.streams_per_sidecar_cx} message_timeout={args.message_timeout or 'shipped'}"
           f"{' no-ext-proc' if args.no_ext_proc else ''}: codes={c['codes']} "
           f"decided={c['decided']}/{args.streams} "
           f"message_timeouts={s.get('http.ingress.ext_proc.message_timeouts', 0)} "
