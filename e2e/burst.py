@@ -103,7 +103,7 @@ def envoy_config(template, envoy_port, admin_port, grpc_port, upstreams, log_pat
     if args.no_ext_proc:
         text = re.sub(r"          - name: envoy.filters.http.ext_proc\n(?:            .*\n|              .*\n)+",
                       "", text)
-        assert "envoy.filters.http.ext_proc" not in text
+        assert "ext_proc.v3.ExternalProcessor" not in text
     text += ("\nadmin:\n  address:\n    socket_address: "
              f"{{ address: 127.0.0.1, port_value: {admin_port} }}\n")
     return text
@@ -133,6 +133,8 @@ def main():
     args = p.parse_args()
     if args.sidecar:
         os.environ["INFERENCECACHE_BIN"] = args.sidecar
+    # h2 warns when it sends GOAWAY (e.g. too many streams reset before accept).
+    os.environ.setdefault("RUST_LOG", "info,h2=warn")
     mode = "original-dst" if "original-dst" in args.template else "override-host"
 
     loadgen.raise_fd_limit(2 * args.streams + 512)
@@ -158,7 +160,7 @@ def main():
                                  stdout=open(work / "envoy.log", "w"), stderr=subprocess.STDOUT)
         procs.append(envoy)
         admin = f"http://127.0.0.1:{admin_port}"
-        wait_until(lambda: requests.get(f"http://127.0.0.1:{envoy_port}/", timeout=1).ok,
+        wait_until(lambda: requests.get(f"http://127.0.0.1:{envoy_port}/", timeout=1).status_code,
                    what="Envoy")
         for i in range(args.warmup):  # connections to the sidecar and replicas exist
             requests.get(f"http://127.0.0.1:{envoy_port}/warmup",  # not held
@@ -182,6 +184,8 @@ def main():
         rows = [json.loads(line) for line in open(log_path)][log_skip:]
         rows = [r for r in rows if r.get("to_upstream_us") not in (None, "-") or r["code"] != 200]
         sidecar.stop()
+        sidecar_warnings = [line for line in (work / "sidecar.log").read_text().splitlines()
+                            if "WARN" in line or "ERROR" in line]
     finally:
         for proc in procs:
             proc.kill()
@@ -226,6 +230,8 @@ def main():
         "sidecar_decision_latency": histogram_quantiles(
             metrics, "inferencecache_decision_latency_seconds", 'path="ext_proc"'),
         "sidecar_decisions_in_burst": decisions(metrics) - decisions(metrics_before),
+        "sidecar_warnings": sidecar_warnings[:5],
+        "sidecar_warning_count": len(sidecar_warnings),
     }
     print(json.dumps(result, indent=2))
     s, c = result["envoy_stats"], result["client"]
@@ -239,6 +245,7 @@ def main():
           f"ext_proc_call_ms={result['envoy_access_log']['ext_proc_call_ms']} "
           f"sidecar_cx_new={s.get('cluster.inferencecache_ext_proc.upstream_cx_total', 0)} "
           f"sidecar_goaway={s.get('cluster.inferencecache_ext_proc.upstream_cx_close_notify', 0)} "
+          f"sidecar_warnings={result['sidecar_warning_count']} "
           f"sidecar_decision={result['sidecar_decision_latency']} "
           f"cpu_s={cpu} wall_s={result['wall_s']} load={result['loadavg_1m']}", file=sys.stderr)
     if args.json:
