@@ -103,7 +103,7 @@ def test_two_thousand_held_streams_without_overflow(mode, template):
           f"errors {dict(errors)}")
     notable = {k: v for k, v in everything.items() if v and any(
         w in k for w in ("overflow", "timeout", "5xx", "reset", "fail", "close_notify", "error"))}
-    assert not errors, (errors, notable)
+    assert not errors, f"{dict(errors)} {notable}"
     assert stats["cluster.replicas.upstream_cx_overflow"] == 0, stats
     assert stats["cluster.replicas.upstream_rq_pending_overflow"] == 0, stats
     assert stats["cluster.replicas.upstream_rq_retry_overflow"] == 0, stats
