@@ -1,7 +1,7 @@
 """The shipped Envoy configs under LLM-shaped load, and the routing header on fail-open
 (issue 13, point 1).
 
-2,000 concurrent streams, each held 8 s by the replica as a generation would be, go
+2,000 concurrent streams, each held 9 s by the replica as a generation would be, go
 through each shipped config with the sidecar deciding: every one must succeed and
 Envoy must report no circuit-breaker overflow on the replicas cluster. With Envoy's
 default breakers (1,024) the same run overflows. manifests/envoy-config.yaml is the
@@ -25,8 +25,8 @@ from conftest import MODEL, REPLICAS, SCHEME, TENANT, Envoy, Sidecar
 
 HERE = pathlib.Path(__file__).resolve().parent
 STREAMS = 2000
-HOLD = 8.0    # seconds each response is held by the replica
-RAMP = 4.0    # the streams are opened over this long (a burst, not a step: see burst.py)
+HOLD = 9.0    # seconds each response is held by the replica
+RAMP = 5.0    # the streams are opened over this long (a burst, not a step: see burst.py)
 
 
 class HeldReplica:
