@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::adapters::admin::{self, AdminState};
+use crate::adapters::engine_metrics::{self, supervisor::Scrapers};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
@@ -120,6 +121,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let index = IndexConfig {
         max_entries: args.index_max_entries,
     };
+    // Each CacheBackend's spec.metrics, beside the snapshot (the core has no field for it).
+    let scrape_specs = Arc::new(engine_metrics::Specs::default());
     let (router, source_name, policy_source) = match &args.config {
         Some(config_path) if args.kubernetes => {
             // Validate the file up front, as in file mode; then feed its objects
@@ -129,8 +132,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             })?;
             let (file_tx, file_rx) = tokio::sync::watch::channel(Arc::new(loaded.objects));
             let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
-            let mut tasks =
-                start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
+            let mut tasks = start_kubernetes(
+                &args,
+                router.clone(),
+                status.clone(),
+                file_rx,
+                scrape_specs.clone(),
+            )
+            .await?;
             tasks.push(tokio::spawn(policy_file::watch_loaded(
                 config_path.clone(),
                 Duration::from_millis(args.policy_poll_ms.max(10)),
@@ -148,13 +157,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display())
             })?;
             status.record_success(loaded.snapshot.revision().clone(), now);
+            scrape_specs.set(&loaded.objects.backends);
             let router = Arc::new(Router::new(index, loaded.snapshot, now));
             let watcher = {
-                let router = router.clone();
-                tokio::spawn(policy_file::watch(
+                let (router, recorder, specs) =
+                    (router.clone(), status.clone(), scrape_specs.clone());
+                tokio::spawn(policy_file::watch_loaded(
                     config_path.clone(),
                     Duration::from_millis(args.policy_poll_ms.max(10)),
-                    move |snapshot| router.install(snapshot, Timestamp::now()),
+                    move |l: policy_file::Loaded| {
+                        let (now, revision) = (Timestamp::now(), l.snapshot.revision().clone());
+                        specs.set(&l.objects.backends);
+                        router.install(l.snapshot, now);
+                        recorder.record_success(revision, now);
+                    },
                     status.clone(),
                 ))
             };
@@ -166,7 +182,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             // No file objects: the sender goes at once, and the watcher stops
             // listening for them.
             let (_, file_rx) = tokio::sync::watch::channel(Arc::default());
-            let tasks = start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
+            let tasks = start_kubernetes(
+                &args,
+                router.clone(),
+                status.clone(),
+                file_rx,
+                scrape_specs.clone(),
+            )
+            .await?;
             (router, "kubernetes".to_string(), tasks)
         }
     };
@@ -186,6 +209,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics.kv_events().clone(),
     ));
     let follower = tokio::spawn(follow_snapshots(router.clone(), subscribers));
+    // Engine /metrics scrapers follow the same snapshots (and spec.metrics).
+    let scrapers = Scrapers::new(
+        router.clone(),
+        metrics.engine_metrics().clone(),
+        scrape_specs,
+    );
+    let scrape_follower = tokio::spawn(engine_metrics::supervisor::follow(
+        router.clone(),
+        Arc::new(scrapers),
+    ));
     let maintenance = tokio::spawn(maintain(router.clone()));
 
     let ext_proc = ExtProc::new(
@@ -238,6 +271,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     maintenance.abort();
     follower.abort();
+    scrape_follower.abort();
     grpc.context("gRPC server")?;
     admin.context("admin server")?;
     Ok(())
@@ -249,6 +283,7 @@ async fn start_kubernetes(
     router: Arc<Router>,
     status: Arc<SourceStatus>,
     file: tokio::sync::watch::Receiver<Arc<policy_file::FileObjects>>,
+    scrape_specs: Arc<engine_metrics::Specs>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let client = kube::Client::try_default()
         .await
@@ -266,9 +301,14 @@ async fn start_kubernetes(
                 router.install(snapshot, now);
             },
             observed_tx,
-            file,
+            file.clone(),
         ))
     };
+    let specs = tokio::spawn(engine_metrics::supervisor::follow_cluster(
+        scrape_specs,
+        observed_rx.clone(),
+        file,
+    ));
     let identity = args
         .lease_identity
         .clone()
@@ -291,7 +331,7 @@ async fn start_kubernetes(
         leader,
         kubernetes::publish::DEFAULT_PERIOD,
     ));
-    Ok(vec![watches, publisher])
+    Ok(vec![watches, publisher, specs])
 }
 
 /// Re-syncs the engine event subscribers whenever the installed snapshot's

@@ -21,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::adapters::engine_metrics::metrics::EngineMetricsMetrics;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
@@ -90,6 +91,7 @@ pub struct Metrics {
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
     kv_events: Arc<KvEventMetrics>,
+    engine_metrics: Arc<EngineMetricsMetrics>,
 }
 
 impl Metrics {
@@ -129,6 +131,8 @@ impl Metrics {
         );
         let kv_events = Arc::new(KvEventMetrics::default());
         kv_events.register(&mut registry);
+        let engine_metrics = Arc::new(EngineMetricsMetrics::default());
+        engine_metrics.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
         for reason in ReasonCode::ALL {
             for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
@@ -147,12 +151,18 @@ impl Metrics {
             ingest_calls,
             ingest_events,
             kv_events,
+            engine_metrics,
         }
     }
 
     /// The KV event subscribers' metrics.
     pub fn kv_events(&self) -> &Arc<KvEventMetrics> {
         &self.kv_events
+    }
+
+    /// The engine metrics scrapers' metrics.
+    pub fn engine_metrics(&self) -> &Arc<EngineMetricsMetrics> {
+        &self.engine_metrics
     }
 
     pub fn record_decision(&self, path: DecisionPath, reason: ReasonCode, elapsed: Duration) {

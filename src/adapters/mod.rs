@@ -19,6 +19,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod engine_metrics;
 pub mod ext_proc;
 pub mod grpc;
 pub mod kubernetes;
