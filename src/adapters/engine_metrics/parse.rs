@@ -93,6 +93,10 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
         let Some((metric, acc, sum)) = slot else {
             continue;
         };
+        let value = number(value).ok_or(ParseError::Syntax {
+            line,
+            reason: "value is not a number",
+        })?;
         if !value.is_finite() || value < 0.0 {
             return Err(ParseError::BadValue {
                 line,
@@ -123,13 +127,15 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
     })
 }
 
-/// One sample line: `name{labels} value [timestamp]` → (name, value).
-fn sample(l: &str) -> Result<(&str, f64), &'static str> {
+/// One sample line: `name{labels} value [timestamp]` → (name, value text). The
+/// value is only checked for its characters here; the few kept metrics parse it.
+fn sample(l: &str) -> Result<(&str, &str), &'static str> {
     let name_end = l
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .bytes()
+        .position(|c| !(c.is_ascii_alphanumeric() || c == b'_' || c == b':'))
         .unwrap_or(l.len());
     let name = &l[..name_end];
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+    if name.is_empty() || name.as_bytes()[0].is_ascii_digit() {
         return Err("not a metric name");
     }
     let mut rest = &l[name_end..];
@@ -141,10 +147,12 @@ fn sample(l: &str) -> Result<(&str, f64), &'static str> {
     }
     let mut fields = rest.split_ascii_whitespace();
     let value = fields.next().ok_or("no value")?;
-    let value = number(value).ok_or("value is not a number")?;
+    if !numeric(value) {
+        return Err("value is not a number");
+    }
     if let Some(ts) = fields.next() {
         // Text format: integer milliseconds; OpenMetrics: decimal seconds.
-        if ts.parse::<f64>().is_err() {
+        if !numeric(ts) || ts.starts_with(['N', 'I', '+']) {
             return Err("timestamp is not a number");
         }
     }
@@ -152,6 +160,15 @@ fn sample(l: &str) -> Result<(&str, f64), &'static str> {
         return Err("trailing text after the timestamp");
     }
     Ok((name, value))
+}
+
+/// Whether `s` can be a sample value: float characters with a digit, or the
+/// text format's `NaN`, `+Inf`, `-Inf`.
+fn numeric(s: &str) -> bool {
+    matches!(s, "NaN" | "+Inf" | "-Inf" | "Inf")
+        || (s.bytes().any(|c| c.is_ascii_digit())
+            && s.bytes()
+                .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'-' | b'+' | b'e' | b'E')))
 }
 
 /// Skips a `{name="value",...}` block; returns what follows it.
@@ -191,15 +208,12 @@ fn labels(s: &str) -> Result<&str, &'static str> {
     }
 }
 
-/// A sample value: a float, or the text format's `NaN`, `+Inf`, `-Inf`.
+/// A sample value already passed by [`numeric`].
 fn number(s: &str) -> Option<f64> {
     match s {
         "NaN" => Some(f64::NAN),
         "+Inf" | "Inf" => Some(f64::INFINITY),
         "-Inf" => Some(f64::NEG_INFINITY),
-        _ if s.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+' || c == '.') => {
-            s.parse().ok()
-        }
-        _ => None,
+        _ => s.parse().ok(),
     }
 }
