@@ -11,7 +11,8 @@
 //! Counts (waiting, running) are summed over label sets: a data-parallel engine
 //! prints one series per rank (`engine="0"`, `engine="1"`). KV usage is the
 //! highest rank's. A missing metric, NaN, infinity or a negative value fails the
-//! whole scrape, which then changes nothing.
+//! whole scrape, which then changes nothing. The prefix-cache hit rate (vLLM:
+//! hits / queries counters; SGLang: `sglang:cache_hit_rate`) is optional.
 
 use thiserror::Error;
 
@@ -24,6 +25,9 @@ pub struct EngineSample {
     pub running: u32,
     /// 0..1
     pub kv_usage: f64,
+    /// Prefix-cache hit rate, 0..1, when the engine prints it (optional: a bad
+    /// or missing value is left out, never fails the scrape).
+    pub hit_rate: Option<f64>,
 }
 
 /// Why a scrape's text was refused.
@@ -47,6 +51,10 @@ struct Names {
     running: &'static str,
     /// Current name first, then older spellings.
     usage: &'static [&'static str],
+    /// Cumulative prefix-cache (hits, queries) counters, whose ratio is the hit rate.
+    hit_counters: Option<(&'static str, &'static str)>,
+    /// A hit-rate gauge, when there are no counters.
+    hit_gauge: &'static str,
 }
 
 const VLLM: Names = Names {
@@ -54,12 +62,19 @@ const VLLM: Names = Names {
     running: "vllm:num_requests_running",
     // vLLM before 0.10 printed gpu_cache_usage_perc.
     usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+    hit_counters: Some((
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+    )),
+    hit_gauge: "vllm:gpu_prefix_cache_hit_rate",
 };
 
 const SGLANG: Names = Names {
     waiting: "sglang:num_queue_reqs",
     running: "sglang:num_running_reqs",
     usage: &["sglang:token_usage"],
+    hit_counters: None,
+    hit_gauge: "sglang:cache_hit_rate",
 };
 
 /// Parses one `/metrics` body for `engine`.
@@ -72,6 +87,8 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
     let mut running: Option<f64> = None;
     // Best usage per spelling, so the current name wins when both are printed.
     let mut usage: [Option<f64>; 2] = [None, None];
+    // Optional: (hits, queries) sums and the gauge's highest rank.
+    let (mut hits, mut queries, mut hit_gauge) = (0.0f64, 0.0f64, None::<f64>);
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         let l = raw.trim_matches(|c: char| c == ' ' || c == '\t' || c == '\r');
@@ -91,6 +108,7 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
                 .map(|k| (names.usage[k], &mut usage[k], false))
         };
         let Some((metric, acc, sum)) = slot else {
+            optional(names, name, value, &mut hits, &mut queries, &mut hit_gauge);
             continue;
         };
         let value = number(value).ok_or(ParseError::Syntax {
@@ -120,11 +138,43 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
         .next()
         .copied()
         .ok_or(ParseError::Missing(names.usage[0]))?;
+    let hit_rate = if queries > 0.0 {
+        Some((hits / queries).min(1.0))
+    } else {
+        hit_gauge.map(|g| g.min(1.0))
+    };
     Ok(EngineSample {
         waiting: count(waiting, names.waiting)?,
         running: count(running, names.running)?,
         kv_usage: kv_usage.min(1.0),
+        hit_rate,
     })
+}
+
+/// Accumulates the optional hit-rate series; bad values are skipped.
+fn optional(
+    names: &Names,
+    name: &str,
+    value: &str,
+    hits: &mut f64,
+    queries: &mut f64,
+    gauge: &mut Option<f64>,
+) {
+    let wanted = name == names.hit_gauge
+        || names
+            .hit_counters
+            .is_some_and(|(h, q)| name == h || name == q);
+    if !wanted {
+        return;
+    }
+    let Some(v) = number(value).filter(|v| v.is_finite() && *v >= 0.0) else {
+        return;
+    };
+    match names.hit_counters {
+        Some((h, _)) if name == h => *hits += v,
+        Some((_, q)) if name == q => *queries += v,
+        _ => *gauge = Some(gauge.map_or(v, |g| g.max(v))),
+    }
 }
 
 /// One sample line: `name{labels} value [timestamp]` → (name, value text). The

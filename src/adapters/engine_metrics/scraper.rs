@@ -197,6 +197,7 @@ pub fn report(
                     waiting_requests: sample.waiting,
                     running_requests: sample.running,
                     kv_cache_usage: sample.kv_usage,
+                    hit_rate: sample.hit_rate.unwrap_or(0.0),
                     ..ReplicaStats::default()
                 },
             },

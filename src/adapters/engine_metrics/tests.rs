@@ -25,20 +25,28 @@ fn sample(waiting: u32, running: u32, kv_usage: f64) -> EngineSample {
         waiting,
         running,
         kv_usage,
+        hit_rate: None,
+    }
+}
+
+fn with_hit_rate(s: EngineSample, hit_rate: f64) -> EngineSample {
+    EngineSample {
+        hit_rate: Some(hit_rate),
+        ..s
     }
 }
 
 #[test]
 fn parses_vllm_metrics_as_vllm_prints_them() {
-    assert_eq!(parse(VLLM_TXT, EngineKind::Vllm), Ok(sample(3, 7, 0.4231)));
+    // Hit rate: prefix_cache_hits_total / prefix_cache_queries_total.
+    let want = with_hit_rate(sample(3, 7, 0.4231), 902_144.0 / 1_284_736.0);
+    assert_eq!(parse(VLLM_TXT, EngineKind::Vllm), Ok(want));
 }
 
 #[test]
 fn parses_sglang_metrics_as_sglang_prints_them() {
-    assert_eq!(
-        parse(SGLANG_TXT, EngineKind::Sglang),
-        Ok(sample(5, 24, 0.61))
-    );
+    let want = with_hit_rate(sample(5, 24, 0.61), 0.4127730226517891);
+    assert_eq!(parse(SGLANG_TXT, EngineKind::Sglang), Ok(want));
 }
 
 #[test]
@@ -126,9 +134,13 @@ fn nan_infinite_and_negative_gauges_are_refused() {
             other => panic!("{value}: {other:?}"),
         }
     }
-    // NaN in a metric the load rule does not read is the engine's business.
-    let text = format!("{VLLM_TXT}vllm:some_other_gauge NaN\n");
-    assert_eq!(parse(&text, EngineKind::Vllm), Ok(sample(3, 7, 0.4231)));
+    // NaN in a metric the load rule does not read is the engine's business, and a
+    // bad optional hit-rate series is skipped, not fatal.
+    let text = format!(
+        "{VLLM_TXT}vllm:some_other_gauge NaN\nvllm:prefix_cache_hits_total{{engine=\"1\"}} -5\n"
+    );
+    let want = with_hit_rate(sample(3, 7, 0.4231), 902_144.0 / 1_284_736.0);
+    assert_eq!(parse(&text, EngineKind::Vllm), Ok(want));
 }
 
 #[test]
@@ -319,6 +331,7 @@ async fn scrape_loop_feeds_the_router_then_stops_trusting_a_failing_engine() {
     let (stats, first_at) = replica(&router, "r1").and_then(|v| v.stats).expect("stats");
     assert_eq!((stats.waiting_requests, stats.running_requests), (3, 7));
     assert!((stats.kv_cache_usage - 0.4231).abs() < 1e-9);
+    assert!((stats.hit_rate - 902_144.0 / 1_284_736.0).abs() < 1e-9);
     wait_for("a newer sample", || {
         replica(&router, "r1")
             .and_then(|v| v.stats)
