@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use crate::adapters::admin::{self, AdminState};
 use crate::adapters::drain::Drain;
+use crate::adapters::engine_metrics::{self, supervisor::Scrapers};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
 use crate::adapters::grpc::CacheApi;
@@ -174,6 +175,8 @@ pub async fn run_until(
     let index = IndexConfig {
         max_entries: args.index_max_entries,
     };
+    // Each CacheBackend's spec.metrics, beside the snapshot (the core has no field for it).
+    let scrape_specs = Arc::new(engine_metrics::Specs::default());
     let (router, source_name, policy_source) = match &args.config {
         Some(config_path) if args.kubernetes => {
             // Validate the file up front, as in file mode; then feed its objects
@@ -183,8 +186,14 @@ pub async fn run_until(
             })?;
             let (file_tx, file_rx) = tokio::sync::watch::channel(Arc::new(loaded.objects));
             let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
-            let mut tasks =
-                start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
+            let mut tasks = start_kubernetes(
+                &args,
+                router.clone(),
+                status.clone(),
+                file_rx,
+                scrape_specs.clone(),
+            )
+            .await?;
             tasks.push(tokio::spawn(
                 policy_file::watch_loaded(
                     config_path.clone(),
@@ -205,14 +214,21 @@ pub async fn run_until(
                 anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display())
             })?;
             status.record_success(loaded.snapshot.revision().clone(), now);
+            scrape_specs.set(&loaded.objects.backends);
             let router = Arc::new(Router::new(index, loaded.snapshot, now));
             let watcher = {
-                let router = router.clone();
+                let (router, recorder, specs) =
+                    (router.clone(), status.clone(), scrape_specs.clone());
                 tokio::spawn(
-                    policy_file::watch(
+                    policy_file::watch_loaded(
                         config_path.clone(),
                         Duration::from_millis(args.policy_poll_ms.max(10)),
-                        move |snapshot| router.install(snapshot, Timestamp::now()),
+                        move |l: policy_file::Loaded| {
+                            let (now, revision) = (Timestamp::now(), l.snapshot.revision().clone());
+                            specs.set(&l.objects.backends);
+                            router.install(l.snapshot, now);
+                            recorder.record_success(revision, now);
+                        },
                         status.clone(),
                     )
                     .instrument(tracing::info_span!("policy_file", path = %config_path.display())),
@@ -226,7 +242,14 @@ pub async fn run_until(
             // No file objects: the sender goes at once, and the watcher stops
             // listening for them.
             let (_, file_rx) = tokio::sync::watch::channel(Arc::default());
-            let tasks = start_kubernetes(&args, router.clone(), status.clone(), file_rx).await?;
+            let tasks = start_kubernetes(
+                &args,
+                router.clone(),
+                status.clone(),
+                file_rx,
+                scrape_specs.clone(),
+            )
+            .await?;
             (router, "kubernetes".to_string(), tasks)
         }
     };
@@ -275,6 +298,16 @@ pub async fn run_until(
     );
     let maintenance =
         tokio::spawn(maintain(router.clone()).instrument(tracing::info_span!("index_maintenance")));
+    // Engine /metrics scrapers follow the same snapshots (and spec.metrics).
+    let scrapers = Scrapers::new(
+        router.clone(),
+        metrics.engine_metrics().clone(),
+        scrape_specs,
+    );
+    let scrape_follower = tokio::spawn(
+        engine_metrics::supervisor::follow(router.clone(), Arc::new(scrapers))
+            .instrument(tracing::info_span!("engine_scrape_supervisor")),
+    );
 
     let drain = Drain::new();
     let ext_proc = ExtProc::new(
@@ -350,6 +383,7 @@ pub async fn run_until(
 
     let background = || {
         follower.abort();
+        scrape_follower.abort();
         maintenance.abort();
         for task in &policy_source {
             task.abort();
@@ -463,6 +497,7 @@ async fn start_kubernetes(
     router: Arc<Router>,
     status: Arc<SourceStatus>,
     file: tokio::sync::watch::Receiver<Arc<policy_file::FileObjects>>,
+    scrape_specs: Arc<engine_metrics::Specs>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let client = kube::Client::try_default()
         .await
@@ -481,11 +516,16 @@ async fn start_kubernetes(
                     router.install(snapshot, now);
                 },
                 observed_tx,
-                file,
+                file.clone(),
             )
             .instrument(tracing::info_span!("kubernetes_watch")),
         )
     };
+    let specs = tokio::spawn(engine_metrics::supervisor::follow_cluster(
+        scrape_specs,
+        observed_rx.clone(),
+        file,
+    ));
     let identity = args
         .lease_identity
         .clone()
@@ -512,7 +552,7 @@ async fn start_kubernetes(
         .instrument(tracing::info_span!("status_publisher",
             lease_namespace = %args.lease_namespace, lease = %args.lease_name)),
     );
-    Ok(vec![watches, publisher])
+    Ok(vec![watches, publisher, specs])
 }
 
 /// Re-syncs the engine event subscribers whenever the installed snapshot's

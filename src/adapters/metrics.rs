@@ -22,6 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::adapters::engine_metrics::metrics::EngineMetricsMetrics;
 use crate::adapters::ingest::MAX_CALLER_LABELS;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
@@ -117,6 +118,7 @@ pub struct Metrics {
     callers_seen: parking_lot::Mutex<std::collections::HashSet<String>>,
     ext_proc_streams: Gauge,
     kv_events: Arc<KvEventMetrics>,
+    engine_metrics: Arc<EngineMetricsMetrics>,
 }
 
 impl Metrics {
@@ -187,6 +189,8 @@ impl Metrics {
         );
         let kv_events = Arc::new(KvEventMetrics::default());
         kv_events.register(&mut registry);
+        let engine_metrics = Arc::new(EngineMetricsMetrics::default());
+        engine_metrics.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
         for reason in ReasonCode::ALL {
             for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
@@ -211,6 +215,7 @@ impl Metrics {
             callers_seen: parking_lot::Mutex::new(std::collections::HashSet::new()),
             ext_proc_streams,
             kv_events,
+            engine_metrics,
         }
     }
 
@@ -265,6 +270,11 @@ impl Metrics {
     /// The KV event subscribers' metrics.
     pub fn kv_events(&self) -> &Arc<KvEventMetrics> {
         &self.kv_events
+    }
+
+    /// The engine metrics scrapers' metrics.
+    pub fn engine_metrics(&self) -> &Arc<EngineMetricsMetrics> {
+        &self.engine_metrics
     }
 
     pub fn record_decision(&self, path: DecisionPath, reason: ReasonCode, elapsed: Duration) {

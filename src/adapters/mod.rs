@@ -22,6 +22,7 @@
 pub mod admin;
 pub mod admission;
 pub mod drain;
+pub mod engine_metrics;
 pub mod ext_proc;
 pub mod grpc;
 pub mod ingest;

@@ -456,6 +456,11 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
         port("spec.kvEvents.port", k.port);
         port("spec.kvEvents.replayPort", k.replay_port);
     }
+    if let Err(errors) = crate::adapters::engine_metrics::backend_metrics(spec) {
+        for (field, message) in errors {
+            out.reject(BACKEND, meta, &field, message);
+        }
+    }
     u32::try_from(spec.block_size)
         .ok()
         .filter(|b| *b >= 1)

@@ -69,6 +69,33 @@ pub struct CacheBackendSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["id".into()]))]
     pub endpoints: Vec<StaticEndpoint>,
+
+    /// Where the engines serve Prometheus metrics (waiting / running requests, KV
+    /// usage), scraped for the load rule. On by default: vLLM and SGLang serve
+    /// `/metrics` on their serving port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsSpec>,
+}
+
+/// `spec.metrics`: the engines' Prometheus endpoint. Every field is optional; the
+/// metric names follow `spec.engine`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricsSpec {
+    /// `false` turns scraping off for this backend (default `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Port on each replica's host; default the replica's own port (the pod's
+    /// `targetPort`, the static endpoint's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// HTTP path (default `/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Scrape interval, a Go duration between 100ms and 60s (default `1s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
 }
 
 fn default_block_size() -> i32 {
@@ -123,6 +150,10 @@ pub struct StaticEndpoint {
     /// The engine's KV event socket, e.g. `tcp://10.0.0.7:5557`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_endpoint: Option<String>,
+    /// The engine's Prometheus metrics URL, e.g. `http://10.0.0.7:8000/metrics`;
+    /// overrides `spec.metrics.port` and `path` for this replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_endpoint: Option<String>,
 }
 
 /// Status of a CacheBackend.
