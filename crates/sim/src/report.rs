@@ -39,6 +39,9 @@ pub struct RunSummary {
     pub cached_prediction_mae: Option<f64>,
     /// Decisions whose prediction was exactly what the engine reported.
     pub cached_prediction_exact: Option<f64>,
+    /// The ratio over PREFIX_MATCH decisions only (the index's accuracy: other
+    /// picks carry 0 matched tokens by construction, whatever the index knows).
+    pub prefix_match_prediction_ratio: Option<f64>,
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts_ms: Vec<f64>,
@@ -70,6 +73,16 @@ impl RunSummary {
             .iter()
             .filter_map(|x| x.predicted_cached.map(|p| (p, x.cached_tokens)))
             .collect();
+        let prefix_match_prediction_ratio = {
+            let (p, a, n) = s
+                .iter()
+                .filter(|x| x.reason.as_deref() == Some("PREFIX_MATCH"))
+                .filter_map(|x| x.predicted_cached.map(|p| (p, x.cached_tokens)))
+                .fold((0u64, 0u64, 0usize), |(p, a, n), (x, y)| {
+                    (p + x, a + y, n + 1)
+                });
+            (n > 0 && a > 0).then(|| p as f64 / a as f64)
+        };
         let (cached_prediction_ratio, cached_prediction_mae, cached_prediction_exact) =
             if predicted.is_empty() {
                 (None, None, None)
@@ -120,6 +133,7 @@ impl RunSummary {
             cached_prediction_ratio,
             cached_prediction_mae,
             cached_prediction_exact,
+            prefix_match_prediction_ratio,
             ttfts_ms: ttfts,
         }
     }
@@ -195,10 +209,14 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
             ic.cached_prediction_mae,
             ic.cached_prediction_exact,
         ) {
+            let on_matches = match ic.prefix_match_prediction_ratio {
+                Some(r) => format!("; on PREFIX_MATCH decisions {r:.2}×"),
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
                 "{} closed loop: predicted {ratio:.2}× the cached tokens the engines reported, \
-                 mean error {mae:.0} tokens per decision, {:.0}% exact.",
+                 mean error {mae:.0} tokens per decision, {:.0}% exact{on_matches}.",
                 ic.router,
                 exact * 100.0
             );
@@ -318,7 +336,10 @@ mod tests {
             ),
             "{t}"
         );
-        assert!(t.contains("predicted 1.00× the cached tokens"), "{t}");
+        assert!(
+            t.contains("predicted 1.00× the cached tokens the engines reported, mean error 0 tokens per decision, 100% exact; on PREFIX_MATCH decisions 1.00×."),
+            "{t}"
+        );
     }
 
     #[test]
