@@ -192,7 +192,6 @@ fn blocks_of(tokens: usize, block_size: u32) -> usize {
 pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
     let costs = batcher.costs;
     let max_running = engine.config.max_running;
-    let capacity = engine.config.capacity_blocks;
     let block_size = engine.config.block_size;
     let c = &engine.counters;
     let mut running: Vec<Active> = Vec::new();
@@ -243,10 +242,10 @@ pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
                 let Some(front) = q.waiting.front() else {
                     break;
                 };
+                // The batch is bounded by max_running only: the simulated cache is
+                // sized for cache pressure (a few engines' worth of prefixes), far
+                // below a real GPU's KV memory, so it does not bound the batch.
                 let blocks = blocks_of(front.prompt.len() + front.max_tokens as usize, block_size);
-                if !running.is_empty() && used_blocks + blocks > capacity {
-                    break;
-                }
                 let Some(job) = q.waiting.pop_front() else {
                     break;
                 };
