@@ -603,6 +603,23 @@ fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
     }
 }
 
+/// `--sidecar`, else the `inferencecache` binary beside this one (cargo builds both
+/// into the same target directory).
+fn sidecar_binary(explicit: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let me = std::env::current_exe().context("locating this binary")?;
+    let beside = me.with_file_name("inferencecache");
+    if !beside.exists() {
+        bail!(
+            "the sidecar binary {} is missing: `cargo build --bin inferencecache` (same profile), or pass --sidecar",
+            beside.display()
+        );
+    }
+    Ok(beside)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -669,21 +686,4 @@ mod tests {
         assert!(yaml.contains("kvEventsEndpoint: \"tcp://127.0.0.1:4\""));
         assert!(yaml.contains("enableTenantHot: false"));
     }
-}
-
-/// `--sidecar`, else the `inferencecache` binary beside this one (cargo builds both
-/// into the same target directory).
-fn sidecar_binary(explicit: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
-    }
-    let me = std::env::current_exe().context("locating this binary")?;
-    let beside = me.with_file_name("inferencecache");
-    if !beside.exists() {
-        bail!(
-            "the sidecar binary {} is missing: `cargo build --bin inferencecache` (same profile), or pass --sidecar",
-            beside.display()
-        );
-    }
-    Ok(beside)
 }
