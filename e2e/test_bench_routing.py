@@ -1,9 +1,10 @@
 """Smoke run of the routing benchmark (`inferencecache-sim bench-routing`).
 
-A shrunken version of the README's demo: simulated engines, the sidecar and a real
-Envoy, every router, every workload. It checks the harness end to end (the table,
-results.json and the chart are produced, no request fails, the numbers are sane);
-the full-size figures live in docs/benchmarks.md.
+A shrunken version of the README's demo: simulated engines (the default
+continuous-batching cost model), the sidecar and a real Envoy, every router, every
+workload; then two sidecars behind two Envoys. It checks the harness end to end (the
+table, results.json and the chart are produced, no request fails, the numbers are
+sane); the full-size figures live in docs/benchmarks.md.
 """
 
 import json
@@ -11,12 +12,14 @@ import subprocess
 
 from conftest import envoy_binary, sidecar_binary, sim_binary
 
-ROUTERS = ["round-robin", "random", "least-request", "inferencecache", "inferencecache-tuned", "oracle"]
-WORKLOADS = ["shared-prefix", "multi-turn", "rag"]
+ROUTERS = [
+    "round-robin", "random", "least-request", "inferencecache", "inferencecache-tuned",
+    "oracle", "oracle-load",
+]
+WORKLOADS = ["shared-prefix", "multi-turn", "rag", "rag-hot"]
 
 
-def test_bench_routing_smoke(tmp_path):
-    out = tmp_path / "bench"
+def bench(out, *extra):
     proc = subprocess.run(
         [
             sim_binary(),
@@ -26,19 +29,35 @@ def test_bench_routing_smoke(tmp_path):
             "--engines", "2",
             "--shrink", "8",
             "--capacity-blocks", "384",
+            # A faster engine (a third of the default per-token cost): the same
+            # request counts arrive in a third of the time, so the smoke run is short.
+            "--step-prefill-us-per-token", "10",
+            "--step-base-us", "2000",
             "--out", str(out),
+            *extra,
         ],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_bench_routing_smoke(tmp_path):
+    out = tmp_path / "bench"
+    proc = bench(out)
 
     for w in WORKLOADS:
         assert f"### {w}:" in proc.stdout, proc.stdout
     assert "inferencecache vs round-robin:" in proc.stdout
     assert "inferencecache-tuned vs round-robin:" in proc.stdout
     assert "of the oracle's hit rate" in proc.stdout
+    assert "inferencecache vs the load-aware oracle: TTFT p90" in proc.stdout
+    assert "inferencecache closed loop: predicted" in proc.stdout
+    # A loss reads as "N× higher", never as "0.0× lower".
+    assert "0.0× lower" not in proc.stdout
+    assert "continuous batching" in (out / "results.md").read_text()
 
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert [(r["workload"], r["router"]) for r in runs] == [
@@ -53,10 +72,15 @@ def test_bench_routing_smoke(tmp_path):
         assert sum(r["per_engine"].values()) == r["requests"], label
         assert set(r["per_engine"]) == {"engine-0", "engine-1"}, label
         if r["router"].startswith("inferencecache"):
-            # Every request was decided by the sidecar (debug header echoed).
+            # Every request was decided by the sidecar (debug header echoed), and
+            # each decision's predicted cached tokens were compared with the engine's.
             assert sum(r["reasons"].values()) == r["requests"], label
+            assert r["cached_prediction_ratio"] is not None, label
+            assert r["cached_prediction_mae"] >= 0.0, label
+            assert 0.0 <= r["cached_prediction_exact"] <= 1.0, label
         else:
             assert r["reasons"] == {}, label
+            assert r["cached_prediction_ratio"] is None, label
 
     by = {(r["workload"], r["router"]): r for r in runs}
     for w in WORKLOADS:
@@ -65,7 +89,35 @@ def test_bench_routing_smoke(tmp_path):
         # Round-robin alternates between the two engines (per Envoy worker: 2).
         counts = by[(w, "round-robin")]["per_engine"].values()
         assert max(counts) - min(counts) <= 2, w
+        # The load-aware oracle uses both engines.
+        assert min(by[(w, "oracle-load")]["per_engine"].values()) > 0, w
 
     svg = (out / "chart.svg").read_text()
     assert svg.startswith("<svg") and "TTFT CDF" in svg and "inferencecache" in svg
     assert "| inferencecache |" in (out / "results.md").read_text()
+
+
+def test_bench_routing_two_sidecars(tmp_path):
+    """Two sidecars, each behind its own Envoy, against the same engines."""
+    out = tmp_path / "bench2"
+    proc = bench(
+        out,
+        "--sidecars", "2",
+        "--workload", "shared-prefix",
+        "--router", "round-robin",
+        "--router", "inferencecache",
+    )
+    assert "2 sidecars, each behind its own Envoy" in (out / "results.md").read_text()
+    for i in (0, 1):
+        assert (out / f"sidecar-{i}.log").exists() and (out / f"envoy-{i}.json").exists()
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["router"] for r in runs] == ["round-robin", "inferencecache"]
+    for r in runs:
+        assert r["errors"] == 0, r["router"]
+        assert sum(r["per_engine"].values()) == r["requests"], r["router"]
+    ic = runs[1]
+    # Both sidecars decided (every request carries a reason) and both saw the
+    # engines' events (some of their predictions came true).
+    assert sum(ic["reasons"].values()) == ic["requests"]
+    assert ic["hit_rate"] > 0.0
+    assert "inferencecache decisions:" in proc.stdout

@@ -31,7 +31,7 @@ pub struct BenchArgs {
     /// Simulated engines to start.
     #[arg(long, default_value_t = 4)]
     pub engines: usize,
-    /// Workloads to run, in order (shared-prefix, multi-turn, rag).
+    /// Workloads to run, in order (shared-prefix, multi-turn, rag, rag-hot).
     #[arg(long = "workload", value_name = "NAME", default_values_t = Workload::NAMES.map(String::from))]
     pub workloads: Vec<String>,
     /// Routers to compare, in order.
@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// Each simulated engine's cache size and modeled costs.
     #[command(flatten)]
     pub costs: CostArgs,
+    /// Sidecars to run, each behind its own Envoy (an HA deployment: one sidecar
+    /// per Envoy pod, every one subscribed to every engine's KV events); the
+    /// driver splits client traffic round-robin across the Envoys.
+    #[arg(long, default_value_t = 1)]
+    pub sidecars: usize,
     /// A real engine instead of simulated ones: ID=http://HOST:PORT,tcp://HOST:EVENTS_PORT
     /// (repeat per engine). The oracle and peak queues need simulated engines.
     #[arg(long = "engine", value_name = "SPEC")]
@@ -81,6 +86,13 @@ const BLOCK_SIZE: u32 = 16;
 /// alone never pins traffic. docs/benchmarks.md shows each knob's effect.
 pub const TUNED_POLICY_SPEC: &str =
     "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
+
+/// One running sidecar.
+struct Sidecar {
+    proc: Proc,
+    grpc: SocketAddr,
+    admin_url: String,
+}
 
 /// One engine under test: where it serves and where it publishes events.
 #[derive(Debug)]
@@ -116,102 +128,141 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if !(args.load > 0.0 && args.load.is_finite()) {
         bail!("--load must be a positive fraction, not {}", args.load);
     }
+    if args.sidecars == 0 {
+        bail!("--sidecars must be at least 1");
+    }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let envoy_bin = find_envoy(args.envoy.as_deref())?;
 
     let (engines, _handles) = start_engines(&args).await?;
-    if routers.contains(&Router::Oracle) && engines.iter().any(|e| !e.simulated) {
-        bail!("the oracle needs simulated engines (drop --router oracle)");
+    if routers.iter().any(|r| r.is_oracle()) && engines.iter().any(|e| !e.simulated) {
+        bail!("the oracles need simulated engines (drop --router oracle and oracle-load)");
     }
     let http = Http::default();
 
-    // The sidecar, on a policy file naming the engines.
+    // The sidecars, on one policy file naming the engines.
     let policy = args.out.join("policy.yaml");
     let tenants = tenants(&routers);
-    // Each tenant has its own subscriber per engine.
+    // Each tenant of each sidecar has its own subscriber per engine.
     let subscribers = engines.len() * tenants.len();
     std::fs::write(
         &policy,
         policy_yaml(&engines, &tenants, args.cache_policy.as_ref())?,
     )
     .with_context(|| format!("writing {}", policy.display()))?;
-    let (grpc, ingest, admin) = (free_addr()?, free_addr()?, free_addr()?);
     let exe = sidecar_binary(args.sidecar.as_deref())?;
-    let mut sidecar = Proc::spawn(
-        "sidecar",
-        &exe,
-        &[
-            "serve".into(),
-            "--config".into(),
-            policy.display().to_string(),
-            "--grpc-addr".into(),
-            grpc.to_string(),
-            "--ingest-addr".into(),
-            ingest.to_string(),
-            "--admin-addr".into(),
-            admin.to_string(),
-        ],
-        args.out.join("sidecar.log"),
-    )?;
-    let admin_url = format!("http://{admin}");
-    wait_until("the sidecar", &mut sidecar, Duration::from_secs(20), || {
-        let (http, url) = (http.clone(), format!("{admin_url}/readyz"));
-        async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
-    })
-    .await?;
-
-    // Envoy, a listener per router.
-    let mut listeners = Vec::new();
-    for r in routers.iter().filter(|r| r.envoy_cluster().is_some()) {
-        listeners.push((*r, free_addr()?));
+    let log_name = |what: &str, i: usize| {
+        if args.sidecars == 1 {
+            format!("{what}.log")
+        } else {
+            format!("{what}-{i}.log")
+        }
+    };
+    let mut sidecars = Vec::new();
+    for i in 0..args.sidecars {
+        let (grpc, ingest, admin) = (free_addr()?, free_addr()?, free_addr()?);
+        let mut proc = Proc::spawn(
+            "sidecar",
+            &exe,
+            &[
+                "serve".into(),
+                "--config".into(),
+                policy.display().to_string(),
+                "--grpc-addr".into(),
+                grpc.to_string(),
+                "--ingest-addr".into(),
+                ingest.to_string(),
+                "--admin-addr".into(),
+                admin.to_string(),
+            ],
+            args.out.join(log_name("sidecar", i)),
+        )?;
+        let admin_url = format!("http://{admin}");
+        wait_until("the sidecar", &mut proc, Duration::from_secs(20), || {
+            let (http, url) = (http.clone(), format!("{admin_url}/readyz"));
+            async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
+        })
+        .await?;
+        sidecars.push(Sidecar {
+            proc,
+            grpc,
+            admin_url,
+        });
     }
-    let envoy_admin = free_addr()?;
+
+    // An Envoy per sidecar, each with a listener per router.
     let engine_addrs: Vec<SocketAddr> = engines.iter().map(|e| e.http).collect();
-    let config = envoy::config(&listeners, &engine_addrs, grpc, envoy_admin)?;
-    let config_path = args.out.join("envoy.json");
-    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
-    let mut envoy_proc = Proc::spawn(
-        "envoy",
-        &envoy_bin,
-        &[
-            "-c".into(),
-            config_path.display().to_string(),
-            "--log-level".into(),
-            "warn".into(),
-            "--concurrency".into(),
-            "2".into(),
-        ],
-        args.out.join("envoy.log"),
-    )?;
-    wait_until("Envoy", &mut envoy_proc, Duration::from_secs(30), || {
-        let (http, url) = (http.clone(), format!("http://{envoy_admin}/ready"));
-        async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
-    })
-    .await?;
+    let mut envoys = Vec::new();
+    let mut listeners: Vec<(Router, Vec<String>)> = routers
+        .iter()
+        .filter(|r| r.envoy_cluster().is_some())
+        .map(|r| (*r, Vec::new()))
+        .collect();
+    for (i, sidecar) in sidecars.iter().enumerate() {
+        let mut mine = Vec::new();
+        for (r, urls) in &mut listeners {
+            let a = free_addr()?;
+            mine.push((*r, a));
+            urls.push(format!("http://{a}"));
+        }
+        let envoy_admin = free_addr()?;
+        let config = envoy::config(&mine, &engine_addrs, sidecar.grpc, envoy_admin)?;
+        let config_path = args.out.join(if args.sidecars == 1 {
+            "envoy.json".to_string()
+        } else {
+            format!("envoy-{i}.json")
+        });
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+        let mut proc = Proc::spawn(
+            "envoy",
+            &envoy_bin,
+            &[
+                "-c".into(),
+                config_path.display().to_string(),
+                "--log-level".into(),
+                "warn".into(),
+                "--concurrency".into(),
+                "2".into(),
+                // Several Envoys on one machine: no shared hot-restart socket.
+                "--disable-hot-restart".into(),
+            ],
+            args.out.join(log_name("envoy", i)),
+        )?;
+        wait_until("Envoy", &mut proc, Duration::from_secs(30), || {
+            let (http, url) = (http.clone(), format!("http://{envoy_admin}/ready"));
+            async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
+        })
+        .await?;
+        envoys.push(proc);
+    }
 
     // Every subscriber connected before the first reset, or its clear would be lost.
-    wait_until(
-        "the sidecar's event subscribers",
-        &mut sidecar,
-        Duration::from_secs(20),
-        || {
-            let (http, url) = (http.clone(), format!("{admin_url}/metrics"));
-            let n = subscribers as f64;
-            async move {
-                metric(
-                    &http,
-                    &url,
-                    "inferencecache_kv_events_connects_total{kind=\"ok\"}",
-                )
-                .await
-                    >= n
-            }
-        },
-    )
-    .await?;
+    for sidecar in &mut sidecars {
+        let url = format!("{}/metrics", sidecar.admin_url);
+        wait_until(
+            "the sidecar's event subscribers",
+            &mut sidecar.proc,
+            Duration::from_secs(20),
+            || {
+                let (http, url) = (http.clone(), url.clone());
+                let n = subscribers as f64;
+                async move {
+                    metric(
+                        &http,
+                        &url,
+                        "inferencecache_kv_events_connects_total{kind=\"ok\"}",
+                    )
+                    .await
+                        >= n
+                }
+            },
+        )
+        .await?;
+    }
     // ZMQ subscriptions reach the publisher asynchronously after the connect.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin_urls: Vec<String> = sidecars.iter().map(|s| s.admin_url.clone()).collect();
 
     let refs: Vec<EngineRef> = engines
         .iter()
@@ -226,9 +277,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     for workload in &workloads {
         let fleet = Fleet {
             engines: engines.len(),
-            max_running: args.costs.max_running,
+            max_running: args.costs.max_running(),
             prefill_us_per_token: args.costs.prefill_us_per_token,
             decode_us_per_token: args.costs.decode_us_per_token,
+            batch: args.costs.batch(),
         };
         let schedule = workload.generate(args.seed, &fleet, args.load);
         let describe = format!(
@@ -240,15 +292,18 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let prepared = Arc::new(drive::prepare(schedule.requests, BLOCK_SIZE)?);
         let mut runs = Vec::new();
         for &router in &routers {
-            reset(&http, &refs, &admin_url, subscribers).await?;
-            let listener = listeners
+            reset(&http, &refs, &admin_urls, subscribers).await?;
+            let urls: &[String] = listeners
                 .iter()
                 .find(|(r, _)| *r == router)
-                .map(|(_, a)| format!("http://{a}"));
-            let outcome =
-                drive::run(&http, router, listener.as_deref(), &refs, prepared.clone()).await?;
-            sidecar.check_running()?;
-            envoy_proc.check_running()?;
+                .map_or(&[], |(_, urls)| urls.as_slice());
+            let outcome = drive::run(&http, router, urls, &refs, prepared.clone()).await?;
+            for s in &mut sidecars {
+                s.proc.check_running()?;
+            }
+            for e in &mut envoys {
+                e.check_running()?;
+            }
             let peak = peak_queue(&http, &refs, &engines).await;
             let summary = RunSummary::of(workload.name(), router, &ids, &outcome, peak);
             eprintln!(
@@ -323,9 +378,11 @@ async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<Eng
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             block_size: BLOCK_SIZE,
             capacity_blocks: args.costs.capacity_blocks,
-            max_running: args.costs.max_running,
+            max_running: args.costs.max_running(),
             prefill_us_per_token: args.costs.prefill_us_per_token,
             decode_us_per_token: args.costs.decode_us_per_token,
+            batch: args.costs.batch(),
+            model_name: MODEL.to_string(),
             ..EngineConfig::default()
         };
         let h = engine::spawn(config).await?;
@@ -434,17 +491,20 @@ spec:
     Ok(out)
 }
 
-/// Clears every engine's cache and waits until the sidecar has applied every
+/// Clears every engine's cache and waits until every sidecar has applied every
 /// engine's AllBlocksCleared, so each run starts cold on both sides.
 async fn reset(
     http: &Http,
     engines: &[EngineRef],
-    admin_url: &str,
+    admin_urls: &[String],
     subscribers: usize,
 ) -> anyhow::Result<()> {
-    let url = format!("{admin_url}/metrics");
     let series = "inferencecache_kv_events_resets_total{kind=\"engine\"}";
-    let before = metric(http, &url, series).await;
+    let mut before = Vec::new();
+    for admin in admin_urls {
+        let url = format!("{admin}/metrics");
+        before.push((metric(http, &url, series).await, url));
+    }
     for e in engines {
         let reply = http
             .post_json(&format!("{}/reset_prefix_cache", e.base), &[], &json!({}))
@@ -453,14 +513,17 @@ async fn reset(
             bail!("{}: /reset_prefix_cache answered {}", e.id, reply.status);
         }
     }
-    let want = before + subscribers as f64;
-    for _ in 0..200 {
-        if metric(http, &url, series).await >= want {
-            return Ok(());
+    'sidecars: for (was, url) in &before {
+        let want = was + subscribers as f64;
+        for _ in 0..200 {
+            if metric(http, url, series).await >= want {
+                continue 'sidecars;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        bail!("a sidecar ({url}) did not see every engine's AllBlocksCleared within 5 s")
     }
-    bail!("the sidecar did not see every engine's AllBlocksCleared within 5 s")
+    Ok(())
 }
 
 /// A Prometheus series' value from `/metrics` (0 when absent or unreachable).
@@ -499,21 +562,43 @@ fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    if engines.iter().all(|e| e.simulated) {
+    let sidecars = if args.sidecars == 1 {
+        "One sidecar behind one Envoy".to_string()
+    } else {
         format!(
-            "{} simulated engines: {} KV blocks of {BLOCK_SIZE} tokens each, {} requests at once, \
-             prefill {} µs per uncached token, decode {} µs per output token. \
-             Machine: {cores} × {cpu}. Seed {}.\n",
+            "{} sidecars, each behind its own Envoy (client traffic split round-robin)",
+            args.sidecars
+        )
+    };
+    if engines.iter().all(|e| e.simulated) {
+        let costs = match args.costs.batch() {
+            Some(b) => format!(
+                "continuous batching: up to {} requests, {} tokens per step, step = {} µs \
+                 + {} µs per prefill token + {} µs per decoding sequence",
+                args.costs.max_running(),
+                b.max_num_batched_tokens,
+                b.step_base_us,
+                b.prefill_us_per_token,
+                b.decode_us_per_seq
+            ),
+            None => format!(
+                "simple costs: {} requests at once, prefill {} µs per uncached token, \
+                 decode {} µs per output token",
+                args.costs.max_running(),
+                args.costs.prefill_us_per_token,
+                args.costs.decode_us_per_token
+            ),
+        };
+        format!(
+            "{} simulated engines: {} KV blocks of {BLOCK_SIZE} tokens each, {costs}. \
+             {sidecars}. Machine: {cores} × {cpu}. Seed {}.\n",
             engines.len(),
             args.costs.capacity_blocks,
-            args.costs.max_running,
-            args.costs.prefill_us_per_token,
-            args.costs.decode_us_per_token,
             args.seed
         )
     } else {
         format!(
-            "{} external engines. Machine: {cores} × {cpu}. Seed {}.\n",
+            "{} external engines. {sidecars}. Machine: {cores} × {cpu}. Seed {}.\n",
             engines.len(),
             args.seed
         )

@@ -80,6 +80,10 @@ pub struct Sample {
     pub replica: String,
     /// inferencecache's reason code (debug header), if it routed the request.
     pub reason: Option<String>,
+    /// The prompt tokens inferencecache predicted cached on its pick (the
+    /// `x-inferencecache-matched-tokens` debug header; 0 when it decided without a
+    /// pick), if it routed the request.
+    pub predicted_cached: Option<u64>,
     pub family: u32,
 }
 
@@ -91,16 +95,17 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// Sends `schedule` through `router` (`listener` is its Envoy base URL; the
-/// oracle goes to the engines directly).
+/// Sends `schedule` through `router`: `listeners` are its Envoy base URLs (one per
+/// Envoy; request i goes to listener i mod n, so several Envoys split the traffic
+/// round-robin); the oracles go to the engines directly.
 pub async fn run(
     http: &Http,
     router: Router,
-    listener: Option<&str>,
+    listeners: &[String],
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
 ) -> anyhow::Result<Outcome> {
-    if router != Router::Oracle && listener.is_none() {
+    if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
     }
     let by_addr: Arc<HashMap<String, String>> = Arc::new(
@@ -115,23 +120,32 @@ pub async fn run(
             .collect(),
     );
     let engines: Arc<Vec<EngineRef>> = Arc::new(engines.to_vec());
-    let listener = listener.map(|l| format!("{l}/v1/completions"));
+    let listeners: Arc<Vec<String>> = Arc::new(
+        listeners
+            .iter()
+            .map(|l| format!("{l}/v1/completions"))
+            .collect(),
+    );
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for i in 0..schedule.len() {
-        let (http, schedule, engines, by_addr, listener) = (
+        let (http, schedule, engines, by_addr, listeners) = (
             http.clone(),
             schedule.clone(),
             engines.clone(),
             by_addr.clone(),
-            listener.clone(),
+            listeners.clone(),
         );
         tasks.spawn(async move {
             let p = &schedule[i];
             tokio::time::sleep_until(start + p.request.at).await;
-            let url = match listener {
-                Some(url) => url,
-                None => format!("{}/v1/completions", oracle_pick(&http, &engines, p).await?),
+            let url = if router.is_oracle() {
+                format!(
+                    "{}/v1/completions",
+                    oracle_pick(&http, &engines, p, router).await?
+                )
+            } else {
+                listeners[i % listeners.len()].clone()
             };
             send(&http, &url, router, p, &by_addr).await
         });
@@ -201,14 +215,61 @@ async fn send(
             .unwrap_or(0),
         replica,
         reason: header(headers::REASON),
+        predicted_cached: router.is_inferencecache().then(|| {
+            header(headers::MATCHED_TOKENS)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        }),
         family: p.request.family,
     })
 }
 
-/// The oracle: asks every engine how much of the prompt it holds right now and
-/// picks the longest, ties to the fewest queued + running, then the first.
-async fn oracle_pick(http: &Http, engines: &[EngineRef], p: &Prepared) -> anyhow::Result<String> {
-    let body = json!({ "prompt": p.request.prompt });
+/// What an engine told an oracle about one prompt.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineView {
+    pub cached: u64,
+    /// Queued + running requests.
+    pub load: u64,
+    /// The engine's cost model's prediction of this prompt's TTFT there, ms.
+    pub predicted_ttft_ms: f64,
+}
+
+/// The oracles' choice among the engines' answers (index; `None` when empty).
+/// `oracle`: the longest cached prefix, ties to the fewest queued + running, then
+/// the first. `oracle-load`: the lowest predicted TTFT, ties to the longest cached
+/// prefix, then the fewest queued + running, then the first.
+pub fn oracle_choice(router: Router, views: &[EngineView]) -> Option<usize> {
+    let mut best: Option<(usize, EngineView)> = None;
+    for (i, v) in views.iter().copied().enumerate() {
+        let better = match best {
+            None => true,
+            Some((_, b)) if router == Router::OracleLoad => {
+                match v.predicted_ttft_ms.total_cmp(&b.predicted_ttft_ms) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    std::cmp::Ordering::Equal => {
+                        v.cached > b.cached || (v.cached == b.cached && v.load < b.load)
+                    }
+                }
+            }
+            Some((_, b)) => v.cached > b.cached || (v.cached == b.cached && v.load < b.load),
+        };
+        if better {
+            best = Some((i, v));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// An oracle: asks every engine about the prompt right now and picks by
+/// [`oracle_choice`].
+async fn oracle_pick(
+    http: &Http,
+    engines: &[EngineRef],
+    p: &Prepared,
+    router: Router,
+) -> anyhow::Result<String> {
+    let body = json!({ "prompt": p.request.prompt, "max_tokens": p.request.max_tokens });
     let answers = join_all(engines.iter().map(|e| {
         let url = format!("{}/v1/cached_prefix", e.base);
         let body = &body;
@@ -217,23 +278,48 @@ async fn oracle_pick(http: &Http, engines: &[EngineRef], p: &Prepared) -> anyhow
             let v = reply.json()?;
             let cached = v["cached_tokens"].as_u64().context("no cached_tokens")?;
             let load = v["queued"].as_u64().unwrap_or(0) + v["running"].as_u64().unwrap_or(0);
-            anyhow::Ok((cached, load))
+            let predicted_ttft_ms = v["predicted_ttft_ms"]
+                .as_f64()
+                .context("no predicted_ttft_ms")?;
+            anyhow::Ok(EngineView {
+                cached,
+                load,
+                predicted_ttft_ms,
+            })
         }
     }))
     .await;
-    let mut best: Option<(usize, (u64, u64))> = None;
-    for (i, a) in answers.into_iter().enumerate() {
-        let (cached, load) = a?;
-        let better = match best {
-            None => true,
-            Some((_, (c, l))) => cached > c || (cached == c && load < l),
-        };
-        if better {
-            best = Some((i, (cached, load)));
+    let views = answers.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    match oracle_choice(router, &views) {
+        Some(i) => Ok(engines[i].base.clone()),
+        None => bail!("the oracle has no engines"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(cached: u64, load: u64, ttft: f64) -> EngineView {
+        EngineView {
+            cached,
+            load,
+            predicted_ttft_ms: ttft,
         }
     }
-    match best {
-        Some((i, _)) => Ok(engines[i].base.clone()),
-        None => bail!("the oracle has no engines"),
+
+    #[test]
+    fn the_cache_oracle_takes_the_longest_prefix_however_busy() {
+        let views = [v(0, 0, 10.0), v(512, 9, 900.0), v(512, 3, 700.0)];
+        assert_eq!(oracle_choice(Router::Oracle, &views), Some(2));
+        assert_eq!(oracle_choice(Router::Oracle, &[]), None);
+    }
+
+    #[test]
+    fn the_load_oracle_takes_the_lowest_predicted_ttft_then_the_longest_prefix() {
+        let views = [v(0, 0, 60.0), v(512, 9, 900.0), v(256, 1, 60.0)];
+        assert_eq!(oracle_choice(Router::OracleLoad, &views), Some(2));
+        let idle = [v(0, 0, 60.0), v(0, 0, 60.0)];
+        assert_eq!(oracle_choice(Router::OracleLoad, &idle), Some(0));
     }
 }

@@ -1,6 +1,12 @@
 //! The simulated inference engine: an OpenAI-style completions server over
-//! token ids with a [`PrefixCache`], vLLM-format KV events and a simple cost
-//! model. The routing benchmark runs a fleet of these behind Envoy.
+//! token ids with a [`PrefixCache`], vLLM-format KV events, vLLM-named Prometheus
+//! gauges on `GET /metrics`, and one of two cost models. The routing benchmark runs
+//! a fleet of these behind Envoy.
+//!
+//! The default cost model is continuous batching ([`batch`], `--cost-model
+//! batched`): requests share engine steps whose time grows with the prefill tokens
+//! and decoding sequences in them. The simple model (`--cost-model simple`) is
+//! below.
 //!
 //! ```text
 //!  POST /v1/completions ─▶ FIFO queue ─▶ one of max_running slots
@@ -10,7 +16,7 @@
 //!     ─▶ sleep decode = decode_us_per_token × max_tokens ─▶ 200 + usage + timings
 //! ```
 //!
-//! Cost model: a request's service time depends only on its own prompt and
+//! Simple cost model: a request's service time depends only on its own prompt and
 //! output length. Running requests do not slow each other down (there is no
 //! batching model); the only contention is for the `max_running` slots, which
 //! are handed out in arrival order (tokio's semaphore is fair). Reported
@@ -46,6 +52,9 @@ use tokio::time::Instant;
 use super::cache::PrefixCache;
 use super::events::{EventFormat, EventPublisher, KvEvent, PublisherConfig, admission_events};
 
+mod batch;
+pub use batch::BatchCosts;
+
 /// The response header naming the replica that served a completion.
 pub const REPLICA_HEADER: &str = "x-sim-replica";
 /// `max_tokens` when a request does not say (OpenAI's default).
@@ -54,6 +63,18 @@ pub const DEFAULT_MAX_TOKENS: u32 = 16;
 const MAX_US_PER_TOKEN: f64 = 1e7;
 /// Request bodies up to this size (long prompts as JSON integer arrays).
 const MAX_BODY_BYTES: usize = 64 << 20;
+/// The served model name the metrics carry when none is configured.
+pub const DEFAULT_MODEL_NAME: &str = "sim-model";
+
+/// How the engine turns work into time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostModel {
+    /// Each request alone: prefill per uncached token + decode per output token,
+    /// `max_running` at once, no interference.
+    Simple,
+    /// Continuous batching with chunked prefill (vLLM V1's scheduler shape).
+    Batched,
+}
 
 /// One simulated engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,10 +95,14 @@ pub struct EngineConfig {
     pub capacity_blocks: usize,
     /// Requests served at once; the rest wait in a FIFO queue.
     pub max_running: usize,
-    /// Modelled prefill time per uncached prompt token, microseconds.
+    /// Modelled prefill time per uncached prompt token, microseconds (simple model).
     pub prefill_us_per_token: f64,
-    /// Modelled decode time per output token, microseconds.
+    /// Modelled decode time per output token, microseconds (simple model).
     pub decode_us_per_token: f64,
+    /// The continuous-batching model's step costs; `None`: the simple model.
+    pub batch: Option<BatchCosts>,
+    /// The `model_name` label of the metrics (vLLM's served model name).
+    pub model_name: String,
     /// The engine's `PYTHONHASHSEED` (block hashes are vLLM `sha256_cbor`).
     pub hash_seed: String,
     pub event_format: EventFormat,
@@ -96,6 +121,8 @@ impl Default for EngineConfig {
             max_running: 4,
             prefill_us_per_token: 50.0,
             decode_us_per_token: 2000.0,
+            batch: None,
+            model_name: DEFAULT_MODEL_NAME.into(),
             hash_seed: "0".into(),
             event_format: EventFormat::Map,
         }
@@ -109,15 +136,52 @@ pub struct CostArgs {
     /// KV cache size in blocks.
     #[arg(long, default_value_t = 2048)]
     pub capacity_blocks: usize,
-    /// Requests served at once; the rest queue in arrival order.
-    #[arg(long, default_value_t = 4)]
-    pub max_running: usize,
-    /// Modelled prefill time per uncached prompt token, microseconds.
+    /// batched: continuous batching with chunked prefill (vLLM V1); simple: each
+    /// request alone, max-running at once.
+    #[arg(long, value_enum, default_value_t = CostModel::Batched)]
+    pub cost_model: CostModel,
+    /// Requests served at once (vLLM's max_num_seqs); the rest queue in arrival
+    /// order. Default: 256 batched (vLLM's default), 4 simple.
+    #[arg(long)]
+    pub max_running: Option<usize>,
+    /// simple: modelled prefill time per uncached prompt token, microseconds.
     #[arg(long, default_value_t = 50.0)]
     pub prefill_us_per_token: f64,
-    /// Modelled decode time per output token, microseconds.
+    /// simple: modelled decode time per output token, microseconds.
     #[arg(long, default_value_t = 2000.0)]
     pub decode_us_per_token: f64,
+    /// batched: tokens per engine step (vLLM's max_num_batched_tokens).
+    #[arg(long, default_value_t = BatchCosts::DEFAULT.max_num_batched_tokens)]
+    pub max_num_batched_tokens: usize,
+    /// batched: fixed time of every step, microseconds.
+    #[arg(long, default_value_t = BatchCosts::DEFAULT.step_base_us)]
+    pub step_base_us: f64,
+    /// batched: time per prefill token in a step, microseconds.
+    #[arg(long, default_value_t = BatchCosts::DEFAULT.prefill_us_per_token)]
+    pub step_prefill_us_per_token: f64,
+    /// batched: time per decoding sequence in a step, microseconds.
+    #[arg(long, default_value_t = BatchCosts::DEFAULT.decode_us_per_seq)]
+    pub step_decode_us_per_seq: f64,
+}
+
+impl CostArgs {
+    /// `--max-running`, or the cost model's default.
+    pub fn max_running(&self) -> usize {
+        self.max_running.unwrap_or(match self.cost_model {
+            CostModel::Simple => 4,
+            CostModel::Batched => 256,
+        })
+    }
+
+    /// The batched model's costs, `None` for the simple model.
+    pub fn batch(&self) -> Option<BatchCosts> {
+        (self.cost_model == CostModel::Batched).then_some(BatchCosts {
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            step_base_us: self.step_base_us,
+            prefill_us_per_token: self.step_prefill_us_per_token,
+            decode_us_per_seq: self.step_decode_us_per_seq,
+        })
+    }
 }
 
 /// `inferencecache sim-engine` flags (see [`EngineConfig`] for their meaning).
@@ -138,6 +202,9 @@ pub struct EngineArgs {
     /// ZMQ topic of the KV event messages.
     #[arg(long, default_value = "")]
     pub topic: String,
+    /// The model_name label of /metrics (vLLM's --served-model-name).
+    #[arg(long, default_value = DEFAULT_MODEL_NAME)]
+    pub served_model_name: String,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
@@ -161,9 +228,11 @@ impl From<EngineArgs> for EngineConfig {
             topic: a.topic,
             block_size: a.block_size,
             capacity_blocks: a.costs.capacity_blocks,
-            max_running: a.costs.max_running,
+            max_running: a.costs.max_running(),
             prefill_us_per_token: a.costs.prefill_us_per_token,
             decode_us_per_token: a.costs.decode_us_per_token,
+            batch: a.costs.batch(),
+            model_name: a.served_model_name,
             hash_seed: a.hash_seed,
             event_format: a.event_format,
         }
@@ -198,12 +267,17 @@ pub struct EngineHandle {
     pub replay_endpoint: String,
     engine: Arc<Engine>,
     server: JoinHandle<()>,
+    /// The batched model's scheduler.
+    scheduler: Option<JoinHandle<()>>,
 }
 
 impl EngineHandle {
     /// Stops serving and publishing and waits for the HTTP server to close.
     pub async fn shutdown(mut self) {
         self.server.abort();
+        if let Some(s) = &self.scheduler {
+            s.abort();
+        }
         self.engine.publisher.stop();
         let _ = (&mut self.server).await;
     }
@@ -212,6 +286,9 @@ impl EngineHandle {
 impl Drop for EngineHandle {
     fn drop(&mut self) {
         self.server.abort();
+        if let Some(s) = &self.scheduler {
+            s.abort();
+        }
         self.engine.publisher.stop();
     }
 }
@@ -233,6 +310,20 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
             bail!("{name} must be between 0 and {MAX_US_PER_TOKEN} microseconds, got {v}");
         }
     }
+    if let Some(b) = &config.batch {
+        for (name, v) in [
+            ("step_base_us", b.step_base_us),
+            ("step_prefill_us_per_token", b.prefill_us_per_token),
+            ("step_decode_us_per_seq", b.decode_us_per_seq),
+        ] {
+            if !(0.0..=MAX_US_PER_TOKEN).contains(&v) {
+                bail!("{name} must be between 0 and {MAX_US_PER_TOKEN} microseconds, got {v}");
+            }
+        }
+        if b.max_num_batched_tokens == 0 {
+            bail!("max_num_batched_tokens must be at least 1");
+        }
+    }
     let cache = PrefixCache::new(config.capacity_blocks, config.block_size, &config.hash_seed)?;
     let listener = TcpListener::bind(config.http_addr)
         .await
@@ -245,7 +336,9 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
         format: config.event_format,
     })
     .await?;
+    let batcher = config.batch.map(|c| Arc::new(batch::Batcher::new(c)));
     let engine = Arc::new(Engine {
+        batcher: batcher.clone(),
         slots: Semaphore::new(config.max_running),
         cache: Mutex::new(cache),
         publisher,
@@ -259,6 +352,7 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
             tracing::error!(error = %e, "simulated engine HTTP server failed");
         }
     });
+    let scheduler = batcher.map(|b| tokio::spawn(batch::run(engine.clone(), b)));
     Ok(EngineHandle {
         id: engine.config.id.clone(),
         http_addr,
@@ -266,6 +360,7 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
         replay_endpoint: engine.publisher.replay_endpoint().to_string(),
         engine,
         server,
+        scheduler,
     })
 }
 
@@ -276,6 +371,8 @@ struct Engine {
     /// A plain mutex: held only for one admit or lookup, never across an await.
     cache: Mutex<PrefixCache>,
     slots: Semaphore,
+    /// The batched model's queue and costs (`None`: the simple model).
+    batcher: Option<Arc<batch::Batcher>>,
     publisher: EventPublisher,
     replica_header: HeaderValue,
     counters: Counters,
@@ -291,6 +388,9 @@ struct Counters {
     running: AtomicUsize,
     /// Most requests waiting at once since start or the last reset.
     peak_queued: AtomicUsize,
+    /// KV blocks the running requests hold (prompt + output), for
+    /// `vllm:kv_cache_usage_perc`.
+    used_blocks: AtomicUsize,
     /// Completion ids.
     next_id: AtomicU64,
 }
@@ -301,6 +401,7 @@ fn routes(engine: Arc<Engine>) -> axum::Router {
         .route("/v1/cached_prefix", post(cached_prefix))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
         .route("/health", get(|| async { StatusCode::OK }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(engine)
@@ -361,12 +462,20 @@ fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
 struct PromptBody {
     #[serde(default)]
     prompt: Option<Value>,
+    /// Used for the prediction only; anything but a u32 means the default.
+    #[serde(default)]
+    max_tokens: Option<Value>,
 }
 
-fn parse_prompt(body: &[u8]) -> Result<Vec<u32>, RequestError> {
+fn parse_prompt(body: &[u8]) -> Result<(Vec<u32>, u32), RequestError> {
     let b: PromptBody = serde_json::from_slice(body)
         .map_err(|e| RequestError::BadRequest(format!("invalid request body: {e}")))?;
-    prompt_tokens(b.prompt)
+    let max_tokens = b
+        .max_tokens
+        .and_then(|v| v.as_u64())
+        .and_then(|v| u32::try_from(v).ok())
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    Ok((prompt_tokens(b.prompt)?, max_tokens))
 }
 
 /// The prompt as token ids: a non-empty array of u32.
@@ -424,6 +533,9 @@ struct Served {
 impl Engine {
     /// Queue, admit, prefill, publish, decode.
     async fn serve(&self, req: &Completion) -> Result<Served, RequestError> {
+        if let Some(b) = &self.batcher {
+            return self.serve_batched(b, &req.prompt, req.max_tokens).await;
+        }
         let arrived = Instant::now();
         let c = &self.counters;
         // Only a request that finds every slot taken waits (and counts as queued);
@@ -439,6 +551,9 @@ impl Engine {
             }
         };
         c.running.fetch_add(1, Ordering::Relaxed);
+        let blocks = (req.prompt.len() + req.max_tokens as usize)
+            .div_ceil(self.config.block_size.max(1) as usize);
+        c.used_blocks.fetch_add(blocks, Ordering::Relaxed);
         let started = Instant::now();
         let (admission, ticket) = {
             let mut cache = self.cache.lock();
@@ -455,6 +570,7 @@ impl Engine {
         ticket.publish(admission_events(admission.removed, admission.stored));
         sleep_until(started, prefill.saturating_add(decode)).await;
         c.running.fetch_sub(1, Ordering::Relaxed);
+        c.used_blocks.fetch_sub(blocks, Ordering::Relaxed);
         c.served.fetch_add(1, Ordering::Relaxed);
         drop(permit);
         Ok(Served {
@@ -528,20 +644,106 @@ async fn completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response
     response
 }
 
+/// What the cache holds of a prompt and how long it would wait: the oracles' view.
+/// `predicted_ttft_ms` is the cost model's estimate of this prompt's time to first
+/// token if it arrived now (queued prefill work ahead of it + its own uncached
+/// prefill).
 async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
     match parse_prompt(&body) {
         Err(e) => e.into_response(),
-        Ok(prompt) => {
+        Ok((prompt, max_tokens)) => {
             let cached = engine.cache.lock().lookup(&prompt);
+            let uncached = prompt.len() - cached;
             let c = &engine.counters;
+            let (queued, running) = (
+                c.queued.load(Ordering::Relaxed),
+                c.running.load(Ordering::Relaxed),
+            );
+            let (pending, decoding, predicted_us) = match &engine.batcher {
+                Some(b) => {
+                    let (pending, decoding) = {
+                        let q = b.queue.lock();
+                        (q.pending_prefill, q.decoding)
+                    };
+                    let us = b.costs.predict_ttft_us(pending, uncached, decoding);
+                    (pending, decoding, us)
+                }
+                None => {
+                    // Each request ahead beyond the free slots costs about as much as
+                    // this one would uncached, shared over the slots.
+                    let cfg = &engine.config;
+                    let own = uncached as f64 * cfg.prefill_us_per_token;
+                    let full = prompt.len() as f64 * cfg.prefill_us_per_token
+                        + f64::from(max_tokens) * cfg.decode_us_per_token;
+                    let excess = (queued + running + 1).saturating_sub(cfg.max_running);
+                    let wait = excess as f64 / cfg.max_running as f64 * full;
+                    (0, running, own + wait)
+                }
+            };
             Json(json!({
                 "cached_tokens": cached,
-                "queued": c.queued.load(Ordering::Relaxed),
-                "running": c.running.load(Ordering::Relaxed),
+                "queued": queued,
+                "running": running,
+                "pending_prefill_tokens": pending,
+                "decoding": decoding,
+                "predicted_ttft_ms": predicted_us / 1e3,
             }))
             .into_response()
         }
     }
+}
+
+/// `GET /metrics`: the scheduler gauges real vLLM (V1) exports, with its names,
+/// help texts, labels (`engine`, `model_name`, in that order) and float formatting.
+async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
+    let c = &engine.counters;
+    let used = c.used_blocks.load(Ordering::Relaxed) as f64;
+    let usage = (used / engine.config.capacity_blocks.max(1) as f64).clamp(0.0, 1.0);
+    let text = vllm_metrics_text(
+        &engine.config.model_name,
+        c.running.load(Ordering::Relaxed),
+        c.queued.load(Ordering::Relaxed),
+        usage,
+    );
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The exposition text of [`metrics`].
+fn vllm_metrics_text(model_name: &str, running: usize, waiting: usize, usage: f64) -> String {
+    let labels = format!(
+        "{{engine=\"0\",model_name=\"{}\"}}",
+        model_name.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            running as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            waiting as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            usage,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {value:?}\n"
+        ));
+    }
+    out
 }
 
 async fn reset_prefix_cache(State(engine): State<Arc<Engine>>) -> StatusCode {

@@ -31,6 +31,17 @@ pub struct RunSummary {
     pub peak_queue: u64,
     /// inferencecache's reason codes and how often each came back.
     pub reasons: BTreeMap<String, usize>,
+    /// Closed-loop accuracy (inferencecache rows only): the prompt tokens the
+    /// sidecar predicted cached on its pick (`x-inferencecache-matched-tokens`),
+    /// summed, ÷ the tokens the engines reported cached (`cached_tokens`).
+    pub cached_prediction_ratio: Option<f64>,
+    /// Mean |predicted − reported| cached tokens per decision.
+    pub cached_prediction_mae: Option<f64>,
+    /// Decisions whose prediction was exactly what the engine reported.
+    pub cached_prediction_exact: Option<f64>,
+    /// The ratio over PREFIX_MATCH decisions only (the index's accuracy: other
+    /// picks carry 0 matched tokens by construction, whatever the index knows).
+    pub prefix_match_prediction_ratio: Option<f64>,
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts_ms: Vec<f64>,
@@ -58,6 +69,42 @@ impl RunSummary {
                 *reasons.entry(r.clone()).or_default() += 1;
             }
         }
+        let predicted: Vec<(u64, u64)> = s
+            .iter()
+            .filter_map(|x| x.predicted_cached.map(|p| (p, x.cached_tokens)))
+            .collect();
+        let prefix_match_prediction_ratio = {
+            let (p, a, n) = s
+                .iter()
+                .filter(|x| x.reason.as_deref() == Some("PREFIX_MATCH"))
+                .filter_map(|x| x.predicted_cached.map(|p| (p, x.cached_tokens)))
+                .fold((0u64, 0u64, 0usize), |(p, a, n), (x, y)| {
+                    (p + x, a + y, n + 1)
+                });
+            (n > 0 && a > 0).then(|| p as f64 / a as f64)
+        };
+        let (cached_prediction_ratio, cached_prediction_mae, cached_prediction_exact) =
+            if predicted.is_empty() {
+                (None, None, None)
+            } else {
+                let n = predicted.len() as f64;
+                let (p_sum, a_sum) = predicted
+                    .iter()
+                    .fold((0u64, 0u64), |(p, a), &(x, y)| (p + x, a + y));
+                let abs: u64 = predicted.iter().map(|&(p, a)| p.abs_diff(a)).sum();
+                let exact = predicted.iter().filter(|&&(p, a)| p == a).count();
+                (
+                    Some(if a_sum > 0 {
+                        p_sum as f64 / a_sum as f64
+                    } else if p_sum == 0 {
+                        1.0
+                    } else {
+                        f64::INFINITY
+                    }),
+                    Some(abs as f64 / n),
+                    Some(exact as f64 / n),
+                )
+            };
         let max = per_engine.values().copied().max().unwrap_or(0) as f64;
         let mean = s.len() as f64 / per_engine.len().max(1) as f64;
         let secs = outcome.elapsed.as_secs_f64();
@@ -83,6 +130,10 @@ impl RunSummary {
             per_engine,
             peak_queue,
             reasons,
+            cached_prediction_ratio,
+            cached_prediction_mae,
+            cached_prediction_exact,
+            prefix_match_prediction_ratio,
             ttfts_ms: ttfts,
         }
     }
@@ -104,13 +155,17 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
     let _ = writeln!(out, "### {workload}: {describe}\n");
     let _ = writeln!(
         out,
-        "| router | hit rate | TTFT p50 ms | p90 ms | p99 ms | req/s | imbalance (max/mean) | peak queue | errors |"
+        "| router | hit rate | TTFT p50 ms | p90 ms | p99 ms | req/s | imbalance (max/mean) | peak queue | predicted ÷ reported cached (MAE tokens) | errors |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for r in runs {
+        let accuracy = match (r.cached_prediction_ratio, r.cached_prediction_mae) {
+            (Some(ratio), Some(mae)) => format!("{ratio:.2} ({mae:.0})"),
+            _ => "—".to_string(),
+        };
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} |",
+            "| {} | {:.1}% | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} |",
             r.router,
             r.hit_rate * 100.0,
             r.ttft_p50_ms,
@@ -119,6 +174,7 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
             r.throughput_rps,
             r.imbalance,
             r.peak_queue,
+            accuracy,
             r.errors
         );
     }
@@ -131,11 +187,38 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
         if let Some(rr) = find(Router::RoundRobin.name()) {
             let _ = writeln!(
                 out,
-                "{} vs round-robin: {} the hit rate; TTFT p50 {} lower, p90 {} lower.",
+                "{} vs round-robin: {} the hit rate; TTFT p50 {}, p90 {}, p99 {}; throughput {}.",
                 ic.router,
                 ratio(ic.hit_rate, rr.hit_rate),
-                ratio(rr.ttft_p50_ms, ic.ttft_p50_ms),
-                ratio(rr.ttft_p90_ms, ic.ttft_p90_ms),
+                lower_or_higher(ic.ttft_p50_ms, rr.ttft_p50_ms),
+                lower_or_higher(ic.ttft_p90_ms, rr.ttft_p90_ms),
+                lower_or_higher(ic.ttft_p99_ms, rr.ttft_p99_ms),
+                ratio(ic.throughput_rps, rr.throughput_rps),
+            );
+        }
+        if let Some(ol) = find(Router::OracleLoad.name()) {
+            let _ = writeln!(
+                out,
+                "{} vs the load-aware oracle: TTFT p90 {}.",
+                ic.router,
+                lower_or_higher(ic.ttft_p90_ms, ol.ttft_p90_ms),
+            );
+        }
+        if let (Some(ratio), Some(mae), Some(exact)) = (
+            ic.cached_prediction_ratio,
+            ic.cached_prediction_mae,
+            ic.cached_prediction_exact,
+        ) {
+            let on_matches = match ic.prefix_match_prediction_ratio {
+                Some(r) => format!("; on PREFIX_MATCH decisions {r:.2}×"),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "{} closed loop: predicted {ratio:.2}× the cached tokens the engines reported, \
+                 mean error {mae:.0} tokens per decision, {:.0}% exact{on_matches}.",
+                ic.router,
+                exact * 100.0
             );
         }
         if let Some(oracle) = find(Router::Oracle.name()) {
@@ -167,6 +250,18 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
     out
 }
 
+/// `ours` against `theirs` for a lower-is-better figure: "N× lower" when we win,
+/// "N× higher" when we lose, "the same" when equal.
+pub fn lower_or_higher(ours: f64, theirs: f64) -> String {
+    if ours == theirs {
+        "the same".to_string()
+    } else if ours < theirs {
+        format!("{} lower", ratio(theirs, ours))
+    } else {
+        format!("{} higher", ratio(ours, theirs))
+    }
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
         format!("{:.1}×", a / b)
@@ -190,6 +285,7 @@ mod tests {
             cached_tokens: cached,
             replica: replica.to_string(),
             reason: Some("PREFIX_MATCH".to_string()),
+            predicted_cached: Some(cached),
             family: 0,
         }
     }
@@ -235,7 +331,72 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("| inferencecache | 50.0% | 20.0 | 30.0 | 30.0 | 1.5 | 2.00 | 4 | 1 |"),
+            t.contains(
+                "| inferencecache | 50.0% | 20.0 | 30.0 | 30.0 | 1.5 | 2.00 | 4 | 1.00 (0) | 1 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("predicted 1.00× the cached tokens the engines reported, mean error 0 tokens per decision, 100% exact; on PREFIX_MATCH decisions 1.00×."),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn losing_reads_as_higher_and_winning_as_lower() {
+        assert_eq!(lower_or_higher(10.0, 100.0), "10.0× lower");
+        assert_eq!(lower_or_higher(846.0, 109.0), "7.8× higher");
+        assert_eq!(lower_or_higher(5.0, 5.0), "the same");
+        assert_eq!(lower_or_higher(0.0, 5.0), "∞× lower");
+        let rr = RunSummary::of(
+            "w",
+            Router::RoundRobin,
+            &["a".to_string()],
+            &Outcome {
+                samples: vec![Sample {
+                    predicted_cached: None,
+                    ..sample("a", 100.0, 100, 0)
+                }],
+                errors: 0,
+                first_error: None,
+                elapsed: Duration::from_secs(1),
+            },
+            0,
+        );
+        assert_eq!(rr.cached_prediction_ratio, None);
+        let ic = RunSummary::of(
+            "w",
+            Router::InferenceCache,
+            &["a".to_string()],
+            &Outcome {
+                samples: vec![
+                    Sample {
+                        predicted_cached: Some(96),
+                        ..sample("a", 400.0, 100, 64)
+                    },
+                    Sample {
+                        predicted_cached: Some(0),
+                        ..sample("a", 400.0, 100, 32)
+                    },
+                ],
+                errors: 0,
+                first_error: None,
+                elapsed: Duration::from_secs(1),
+            },
+            0,
+        );
+        // 96 predicted over 96 reported in total, but off by 32 on each decision.
+        assert_eq!(ic.cached_prediction_ratio, Some(1.0));
+        assert_eq!(ic.cached_prediction_mae, Some(32.0));
+        assert_eq!(ic.cached_prediction_exact, Some(0.0));
+        let t = table("w", "d", &[rr, ic]);
+        assert!(
+            t.contains("TTFT p50 4.0× higher, p90 4.0× higher, p99 4.0× higher"),
+            "{t}"
+        );
+        assert!(!t.contains("0.0× lower"), "{t}");
+        assert!(
+            t.contains("| round-robin | 0.0% | 100.0 | 100.0 | 100.0 | 1.0 | 1.00 | 0 | — | 0 |"),
             "{t}"
         );
     }

@@ -16,6 +16,11 @@ pub enum Router {
     /// and sends the request to the longest cached prefix, ties to the least loaded.
     /// Not a real router: the ceiling the hit rate is judged against.
     Oracle,
+    /// Knows every engine's cache *and* queue (asks each engine for its cached
+    /// prefix and its cost model's predicted TTFT for this prompt: the prefill work
+    /// queued ahead of it plus its own uncached prefill) and sends the request where
+    /// that prediction is lowest. Not a real router: the latency ceiling.
+    OracleLoad,
 }
 
 /// Where a router's traffic goes in Envoy.
@@ -25,13 +30,14 @@ pub struct EnvoyCluster {
 }
 
 impl Router {
-    pub const ALL: [Router; 6] = [
+    pub const ALL: [Router; 7] = [
         Self::RoundRobin,
         Self::Random,
         Self::LeastRequest,
         Self::InferenceCache,
         Self::InferenceCacheTuned,
         Self::Oracle,
+        Self::OracleLoad,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +48,7 @@ impl Router {
             Self::InferenceCache => "inferencecache",
             Self::InferenceCacheTuned => "inferencecache-tuned",
             Self::Oracle => "oracle",
+            Self::OracleLoad => "oracle-load",
         }
     }
 
@@ -64,14 +71,24 @@ impl Router {
         }
     }
 
-    /// The Envoy cluster serving this router, `None` for the oracle (direct).
+    /// An oracle: goes to the engines directly, asking them first.
+    pub fn is_oracle(self) -> bool {
+        matches!(self, Self::Oracle | Self::OracleLoad)
+    }
+
+    /// Whether the sidecar decides (the inferencecache rows).
+    pub fn is_inferencecache(self) -> bool {
+        matches!(self, Self::InferenceCache | Self::InferenceCacheTuned)
+    }
+
+    /// The Envoy cluster serving this router, `None` for the oracles (direct).
     pub fn envoy_cluster(self) -> Option<EnvoyCluster> {
         let (cluster, ext_proc) = match self {
             Self::RoundRobin => ("round_robin", false),
             Self::Random => ("random", false),
             Self::LeastRequest => ("least_request", false),
             Self::InferenceCache | Self::InferenceCacheTuned => ("replicas", true),
-            Self::Oracle => return None,
+            Self::Oracle | Self::OracleLoad => return None,
         };
         Some(EnvoyCluster { cluster, ext_proc })
     }

@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use anyhow::bail;
+
+use crate::engine::BatchCosts;
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 
@@ -49,8 +51,10 @@ pub enum Workload {
         think: Duration,
     },
     /// RAG: a shared instruction header, one of K documents (Zipf-popular, so one
-    /// document is hot) and a question.
+    /// document is hot) and a question. `rag-hot` is the same shape with few, very
+    /// popular documents.
     Rag {
+        name: &'static str,
         requests: u32,
         documents: u32,
         zipf_s: f64,
@@ -62,7 +66,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const NAMES: [&'static str; 3] = ["shared-prefix", "multi-turn", "rag"];
+    pub const NAMES: [&'static str; 4] = ["shared-prefix", "multi-turn", "rag", "rag-hot"];
 
     /// The demo's sizes: each run lasts a few seconds on 4 engines, and the shared
     /// working set fits in the fleet's caches but not in one engine's (the regime a
@@ -85,9 +89,24 @@ impl Workload {
                 think: Duration::from_millis(600),
             },
             "rag" => Self::Rag {
+                name: "rag",
                 requests: 320,
                 documents: 48,
                 zipf_s: 1.1,
+                header_tokens: 256,
+                document_tokens: 1536,
+                question_tokens: 64,
+                output_tokens: 32,
+            },
+            // Hot documents: 12 documents (12 × 112 blocks, well under one engine's
+            // cache, let alone the fleet's) with Zipf s = 1.5, so the top document
+            // draws about half the requests: what a cache-only router sends to one
+            // engine.
+            "rag-hot" => Self::Rag {
+                name: "rag-hot",
+                requests: 320,
+                documents: 12,
+                zipf_s: 1.5,
                 header_tokens: 256,
                 document_tokens: 1536,
                 question_tokens: 64,
@@ -104,7 +123,7 @@ impl Workload {
         match self {
             Self::SharedPrefix { .. } => "shared-prefix",
             Self::MultiTurn { .. } => "multi-turn",
-            Self::Rag { .. } => "rag",
+            Self::Rag { name, .. } => name,
         }
     }
 
@@ -174,6 +193,7 @@ impl Workload {
                 document_tokens,
                 question_tokens,
                 output_tokens,
+                ..
             } => format!(
                 "{requests} requests, {header_tokens}-token header + 1 of {documents} documents \
                  ({document_tokens} tokens, Zipf s={zipf_s}) + {question_tokens}-token question, \
@@ -323,13 +343,25 @@ pub struct Fleet {
     pub max_running: usize,
     pub prefill_us_per_token: f64,
     pub decode_us_per_token: f64,
+    /// The continuous-batching model's costs; `None`: the simple model.
+    pub batch: Option<BatchCosts>,
 }
 
 impl Fleet {
     /// Requests per second the fleet serves with no cache hits at all, for the
-    /// mix of `requests`.
+    /// mix of `requests`: under the batched model, each engine's saturated step
+    /// throughput ([`BatchCosts::request_us`]); under the simple model,
+    /// `max_running` requests at a time each for its own prefill + decode.
     pub fn capacity(&self, requests: &[Request]) -> f64 {
         let n = requests.len().max(1) as f64;
+        if let Some(b) = &self.batch {
+            let mean_us = requests
+                .iter()
+                .map(|r| b.request_us(r.prompt.len(), r.max_tokens as usize))
+                .sum::<f64>()
+                / n;
+            return self.engines as f64 / (mean_us.max(1.0) / 1e6);
+        }
         let mean_us: f64 = requests
             .iter()
             .map(|r| {
@@ -425,6 +457,7 @@ mod tests {
         max_running: 4,
         prefill_us_per_token: 50.0,
         decode_us_per_token: 2000.0,
+        batch: None,
     };
 
     fn schedule(w: &Workload, seed: u64) -> Vec<Request> {

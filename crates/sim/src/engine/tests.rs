@@ -264,7 +264,16 @@ async fn the_oracle_sees_queued_and_running_requests() {
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let seen = http.cached_prefix(&[1, 2, 3]).await;
-    assert_eq!(seen, json!({"cached_tokens": 0, "queued": 1, "running": 1}));
+    assert_eq!(
+        (&seen["cached_tokens"], &seen["queued"], &seen["running"]),
+        (&json!(0), &json!(1), &json!(1)),
+        "{seen}"
+    );
+    // Waiting for the slot: one more request ahead (its prefill + 2 × 100 ms decode).
+    assert!(
+        seen["predicted_ttft_ms"].as_f64().unwrap() > 150.0,
+        "{seen}"
+    );
     for t in tasks {
         assert_eq!(t.await.unwrap().status, StatusCode::OK);
     }
@@ -537,6 +546,229 @@ fn requests_parse_with_defaults_and_ignore_unknown_fields() {
     );
     assert_eq!(
         parse_prompt(br#"{"prompt":[4294967295]}"#).unwrap(),
-        [u32::MAX]
+        (vec![u32::MAX], DEFAULT_MAX_TOKENS)
     );
+    assert_eq!(
+        parse_prompt(br#"{"prompt":[1],"max_tokens":7}"#).unwrap(),
+        (vec![1], 7)
+    );
+}
+
+// ---- The continuous-batching model ----
+
+/// A small step budget so a few prompts fill many steps: 64 tokens per step,
+/// step = 2 ms + 50 µs per prefill token + 100 µs per decoding sequence.
+fn mk_batched() -> EngineConfig {
+    EngineConfig {
+        id: "sim-b".into(),
+        block_size: 4,
+        capacity_blocks: 4096,
+        max_running: 256,
+        batch: Some(BatchCosts {
+            max_num_batched_tokens: 64,
+            step_base_us: 2000.0,
+            prefill_us_per_token: 50.0,
+            decode_us_per_seq: 100.0,
+        }),
+        model_name: "m".into(),
+        ..EngineConfig::default()
+    }
+}
+
+fn sim(r: &Reply, k: &str) -> f64 {
+    r.json["sim"][k]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no sim.{k} in {}", r.json))
+}
+
+impl Http {
+    async fn text(&self, path: &str) -> (StatusCode, Option<String>, String) {
+        let req = Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.base))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = self.client.request(req).await.unwrap();
+        let status = resp.status();
+        let ctype = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, ctype, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+}
+
+#[test]
+fn step_time_grows_with_prefill_tokens_and_decoding_sequences() {
+    let c = BatchCosts::DEFAULT;
+    assert_eq!(c.step(0, 1), Duration::from_micros(5100));
+    // A full 2048-token prefill step: 5 ms + 61.44 ms.
+    assert_eq!(c.step(2048, 0), Duration::from_micros(66_440));
+    assert!(c.step(1024, 64) > c.step(1024, 0));
+    // The prediction grows with the work queued ahead and with the batch.
+    assert!(c.predict_ttft_us(4096, 100, 0) > c.predict_ttft_us(0, 100, 0));
+    assert!(c.predict_ttft_us(0, 100, 32) > c.predict_ttft_us(0, 100, 0));
+    assert!(c.predict_ttft_us(0, 2000, 0) > c.predict_ttft_us(0, 16, 0));
+}
+
+#[tokio::test]
+async fn a_burst_of_prefills_slows_a_running_requests_decode() {
+    // Alone: 20 output tokens, 19 decode steps of 2.1 ms after the prefill step.
+    let engine = spawn(mk_batched()).await.unwrap();
+    let http = Arc::new(Http::new(&engine));
+    let alone = http.complete(&tokens(1, 8), 20).await;
+    assert_eq!(alone.status, StatusCode::OK);
+    let decode_alone = sim(&alone, "decode_ms");
+    assert!((35.0..60.0).contains(&decode_alone), "{decode_alone}");
+
+    // Again (other tokens), with four 256-token prompts arriving while it decodes:
+    // their chunks fill every step's budget, so each of its decode steps takes
+    // 2 ms + 63 × 50 µs + 0.1 ms instead of 2.1 ms.
+    let h = http.clone();
+    let running = tokio::spawn(async move { h.complete(&tokens(10_000, 8), 20).await });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let burst: Vec<_> = (0..4u32)
+        .map(|i| {
+            let h = http.clone();
+            tokio::spawn(async move { h.complete(&tokens(20_000 + 1000 * i, 256), 2).await })
+        })
+        .collect();
+    let slowed = running.await.unwrap();
+    assert_eq!(slowed.status, StatusCode::OK);
+    let decode_slowed = sim(&slowed, "decode_ms");
+    assert!(
+        decode_slowed > 1.8 * decode_alone,
+        "decode alone {decode_alone} ms, during the burst {decode_slowed} ms"
+    );
+    for b in burst {
+        assert_eq!(b.await.unwrap().status, StatusCode::OK);
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn ttft_grows_with_queue_depth_and_the_engine_reports_it() {
+    let engine = spawn(mk_batched()).await.unwrap();
+    let http = Arc::new(Http::new(&engine));
+    let idle = http.cached_prefix(&tokens(90_000, 128)).await;
+    // Six 128-token prompts at once: each needs two full steps of prefill, taken
+    // first come first served, so the k-th waits for the 2(k−1) steps before it.
+    let tasks: Vec<_> = (0..6u32)
+        .map(|i| {
+            let h = http.clone();
+            tokio::spawn(async move { h.complete(&tokens(1000 * (i + 1), 128), 4).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(8)).await;
+    // Mid-burst: waiting requests show on /metrics and in the oracle's prediction.
+    let (status, ctype, text) = http.text("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        ctype.as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let gauge = |name: &str| -> f64 {
+        let prefix = format!("{name}{{engine=\"0\",model_name=\"m\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(gauge("vllm:num_requests_waiting") >= 1.0, "{text}");
+    assert!(gauge("vllm:num_requests_running") >= 1.0, "{text}");
+    let usage = gauge("vllm:kv_cache_usage_perc");
+    assert!(usage > 0.0 && usage <= 1.0, "{text}");
+    let busy = http.cached_prefix(&tokens(90_000, 128)).await;
+    assert!(
+        busy["pending_prefill_tokens"].as_u64().unwrap() > 128,
+        "{busy}"
+    );
+    assert!(
+        busy["predicted_ttft_ms"].as_f64().unwrap()
+            > 2.0 * idle["predicted_ttft_ms"].as_f64().unwrap(),
+        "idle {idle}, busy {busy}"
+    );
+
+    let mut ttfts = Vec::new();
+    let mut replies = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        let ttft = sim(&r, "ttft_ms");
+        assert!((ttft - sim(&r, "queue_ms") - sim(&r, "prefill_ms")).abs() < 1e-6);
+        ttfts.push(ttft);
+        replies.push(r.json["sim"].clone());
+    }
+    ttfts.sort_by(f64::total_cmp);
+    // Alone: two steps of 5.2 ms. Sixth in line: about twelve.
+    assert!((9.0..20.0).contains(&ttfts[0]), "{ttfts:?} {replies:?}");
+    assert!(ttfts[5] > 3.0 * ttfts[0], "{ttfts:?} {replies:?}");
+    assert!(ttfts.windows(2).all(|w| w[1] > w[0]), "{ttfts:?}");
+    let (_, _, text) = http.text("/metrics").await;
+    assert!(
+        text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0.0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.0\n"),
+        "{text}"
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn cached_tokens_skip_the_prefill_cost() {
+    let engine = spawn(mk_batched()).await.unwrap();
+    let http = Http::new(&engine);
+    let prompt = tokens(5, 512);
+    let cold = http.complete(&prompt, 2).await;
+    let warm = http.complete(&prompt, 2).await;
+    assert_eq!(
+        cold.json["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    // Every whole block but the last token's: 508 of 512.
+    assert_eq!(
+        warm.json["usage"]["prompt_tokens_details"]["cached_tokens"],
+        508
+    );
+    // Cold: 8 full steps of 5.2 ms; warm: one step for the 4 uncached tokens.
+    let (c, w) = (sim(&cold, "ttft_ms"), sim(&warm, "ttft_ms"));
+    assert!(c > 35.0, "{c}");
+    assert!(w < c / 4.0, "cold {c} ms, warm {w} ms");
+    engine.shutdown().await;
+}
+
+#[test]
+fn the_metrics_text_is_vllms() {
+    let text = vllm_metrics_text("Qwen/Qwen2.5-7B-Instruct", 3, 0, 0.25);
+    assert_eq!(
+        text,
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 3.0\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 0.0\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 0.25\n"
+    );
+    // A label value is escaped as the exposition format requires.
+    assert!(vllm_metrics_text("a\"b", 0, 0, 0.0).contains("model_name=\"a\\\"b\"}"));
+}
+
+#[tokio::test]
+async fn the_simple_model_serves_metrics_too() {
+    let engine = spawn(mk_config()).await.unwrap();
+    let http = Http::new(&engine);
+    let (status, _, text) = http.text("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"sim-model\"} 0.0\n"),
+        "{text}"
+    );
+    engine.shutdown().await;
 }
