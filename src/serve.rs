@@ -343,6 +343,11 @@ pub async fn run_until(
     let mut grpc: JoinHandle<Result<(), tonic::transport::Error>> = tokio::spawn(
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            // Under a burst Envoy resets ext_proc streams it gave up on (message
+            // timeout) before we accepted them; hyper's default of 20 such resets
+            // answers GOAWAY ENHANCE_YOUR_CALM and drops every stream on the
+            // connection. Envoy is a trusted peer here: allow many.
+            .http2_max_pending_accept_reset_streams(Some(10_000))
             .add_service(health_service.clone())
             .add_service(reflection)
             .add_service(lookup_api)

@@ -5,6 +5,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::*;
+use crate::adapters::kv_events::frames::seq_of;
 use crate::core::index::IndexConfig;
 use crate::core::scope::ScopeRef;
 use crate::core::snapshot::PolicySnapshot;
