@@ -39,13 +39,17 @@ pub(crate) fn place(
         return None;
     }
     let max_age = lb.stats_max_age_nanos();
-    let loads: SmallVec<[u64; 32]> = (0..n)
-        .map(|m| {
-            serving
-                .replica(m)
-                .map_or(0, |r| r.live.current_load(now, max_age))
-        })
-        .collect();
+    let load_of = |m: usize| {
+        serving
+            .replica(m)
+            .map_or(0, |r| r.live.current_load(now, max_age))
+    };
+    // The bound is never below `slack`: a pick that fits under it needs no mean
+    // (the common, lightly loaded case reads one replica's atomics, not all).
+    if load_of(first) as f64 + 1.0 <= f64::from(lb.slack) {
+        return None;
+    }
+    let loads: SmallVec<[u64; 32]> = (0..n).map(load_of).collect();
     let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let mean = (total as f64 + 1.0) / n as f64;
     let bound = lb.factor * mean + f64::from(lb.slack);
