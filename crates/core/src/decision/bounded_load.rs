@@ -28,12 +28,12 @@ pub(crate) struct Spill {
 /// hint). `None`: keep the seed's answer.
 pub(crate) fn place(
     serving: &ServingSet,
-    preferred: &[usize],
+    preferred: impl Iterator<Item = usize> + Clone,
     seed: u64,
     lb: &LoadBalancing,
     now: u64,
 ) -> Option<Spill> {
-    let first = *preferred.first()?;
+    let first = preferred.clone().next()?;
     let n = serving.len();
     if n < 2 {
         return None;
@@ -63,11 +63,11 @@ pub(crate) fn place(
             from: first,
         })
     };
-    if let Some(&m) = preferred[1..].iter().find(|&&m| fits(m)) {
+    if let Some(m) = preferred.clone().skip(1).find(|&m| fits(m)) {
         return spill(m);
     }
     let mut order: SmallVec<[(u64, usize); 32]> = (0..n)
-        .filter(|m| !preferred.contains(m))
+        .filter(|&m| !preferred.clone().any(|p| p == m))
         .filter_map(|m| {
             serving
                 .replica(m)

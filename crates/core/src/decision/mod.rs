@@ -25,7 +25,6 @@ use bounded_load::Spill;
 use outcome::{Decision, ReasonCode, ScoredSlot, Strategy};
 use rank::{Floors, Ranking, Row};
 use request::{Chain, LookupRequest};
-use smallvec::SmallVec;
 
 use crate::index::{Classified, Index, ServingSet, prefix_seed};
 use crate::policy::EvictionAlgorithm;
@@ -156,9 +155,9 @@ pub fn decide(
                     }
                     _ => affinity_seed(),
                 };
-                let preferred: SmallVec<[usize; 16]> = rows.iter().map(|r| r.member).collect();
+                let preferred = rows.iter().map(|r| r.member);
                 spilled =
-                    bounded_load::place(&serving, &preferred, seed, &policy.load_balancing, now);
+                    bounded_load::place(&serving, preferred, seed, &policy.load_balancing, now);
                 if let Some(sp) = spilled {
                     promote(&mut rows, sp, strategy);
                 }
@@ -193,7 +192,7 @@ pub fn decide(
                         .then(|| {
                             bounded_load::place(
                                 &serving,
-                                &[member],
+                                std::iter::once(member),
                                 seed,
                                 &policy.load_balancing,
                                 now,
