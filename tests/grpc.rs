@@ -364,3 +364,53 @@ async fn each_port_refuses_the_other_ports_rpcs_and_says_where_to_go() {
     assert_eq!(err.code(), Code::Unimplemented);
     assert!(err.message().contains("--grpc-addr"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn a_holder_its_engine_reports_swamped_spills_and_the_answer_says_so() {
+    let Servers {
+        lookup: mut client,
+        mut ingest,
+        ..
+    } = mk_server().await;
+    ingest
+        .ingest_events(ingest_req("r1", vec![stored(&CHAIN)]))
+        .await
+        .unwrap();
+    let first = client
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.scores[0].replica_id, "r1");
+    assert_eq!(first.spilled_from, "");
+    // The engine says it has 40 requests queued: r1 is far over the bound.
+    let stats = pb::ReportStatsRequest {
+        tenant_id: "acme".into(),
+        model_id: "llama".into(),
+        hash_scheme: "vllm".into(),
+        replica_id: "r1".into(),
+        endpoint: String::new(),
+        stats: Some(pb::ReplicaStats {
+            waiting_requests: 32,
+            running_requests: 8,
+            ..Default::default()
+        }),
+    };
+    ingest.report_stats(stats).await.unwrap();
+    let moved = client
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(moved.reason_code, pb::ReasonCode::PrefixMatch as i32);
+    assert_eq!(moved.spilled_from, "r1");
+    assert_ne!(moved.scores[0].replica_id, "r1");
+    // LookupRoute is a query: it counted nothing in flight, so asking again
+    // gives the same answer.
+    let again = client
+        .lookup_route(scope_req(&CHAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.scores[0].replica_id, moved.scores[0].replica_id);
+}
