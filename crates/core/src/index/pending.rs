@@ -17,7 +17,7 @@ use hashbrown::HashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
 
-/// How long a routed chain counts as held without the engine confirming it.
+/// A sensible `loadBalancing.pendingTTL` when turned on: a few prefills long.
 pub const PENDING_TTL_NANOS: u64 = 5_000_000_000;
 
 /// Blocks pending per scope at most; past it new chains are not recorded (the
@@ -37,11 +37,11 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// Records `chain` (from block 0) as pending for `slot` until `now + ttl`.
-    pub fn record(&self, slot: u32, chain: &[u64], now: u64) {
-        if chain.is_empty() {
+    pub fn record(&self, slot: u32, chain: &[u64], now: u64, ttl: u64) {
+        if chain.is_empty() || ttl == 0 {
             return;
         }
-        let expires = now.saturating_add(PENDING_TTL_NANOS);
+        let expires = now.saturating_add(ttl);
         let mut blocks = self.blocks.write();
         if blocks.len() + chain.len() > MAX_PENDING_BLOCKS {
             blocks.retain(|_, h| {
@@ -63,26 +63,36 @@ impl Pending {
         self.len.store(blocks.len(), Ordering::Relaxed);
     }
 
-    /// Raises `runs[member]` (the leading run each serving member holds) to the
-    /// leading run of `chain` pending for it. `slots[member]` is the member's slot.
+    /// Extends `runs[member]` (the leading run each serving member really holds)
+    /// with the blocks of `chain` pending for it right after that run. Pending
+    /// never outweighs what engines report: only members whose real run is the
+    /// longest (often 0: nobody holds the prefix yet) are extended, so a replica
+    /// that really holds more of the chain always keeps its lead.
+    /// `slots[member]` is the member's slot.
     pub fn extend_runs(&self, chain: &[u64], slots: &[u32], runs: &mut [u32], now: u64) {
         if self.len.load(Ordering::Relaxed) == 0 || chain.is_empty() {
             return;
         }
+        let longest = runs.iter().copied().max().unwrap_or(0);
         let blocks = self.blocks.read();
         for (member, &slot) in slots.iter().enumerate() {
-            let pending_run = chain
+            let Some(r) = runs.get_mut(member) else {
+                continue;
+            };
+            if *r < longest {
+                continue;
+            }
+            let from = *r as usize;
+            let pending = chain
                 .iter()
+                .skip(from)
                 .take_while(|h| {
                     blocks
                         .get(*h)
                         .is_some_and(|hs| hs.iter().any(|&(s, e)| s == slot && e > now))
                 })
                 .count();
-            let run = u32::try_from(pending_run).unwrap_or(u32::MAX);
-            if let Some(r) = runs.get_mut(member) {
-                *r = (*r).max(run);
-            }
+            *r = u32::try_from(from + pending).unwrap_or(u32::MAX);
         }
     }
 

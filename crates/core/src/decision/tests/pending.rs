@@ -12,8 +12,15 @@ const FIRST: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 /// Shares FIRST's six leading blocks (96 tokens), then differs.
 const SIBLING: [u64; 8] = [1, 2, 3, 4, 5, 6, 90, 91];
 
+/// `policy` with burst siblings on (`loadBalancing.pendingTTL` 5 s).
+fn siblings(policy: ResolvedPolicy) -> ResolvedPolicy {
+    let mut p = policy;
+    p.load_balancing.pending_ttl = Duration::from_nanos(PENDING_TTL_NANOS);
+    p
+}
+
 fn fleet(policy: ResolvedPolicy) -> Router {
-    let router = mk_router(policy);
+    let router = mk_router(siblings(policy));
     for id in FLEET {
         register(&router, acme(), id, t0());
     }
@@ -89,6 +96,31 @@ fn the_engines_events_take_over_and_a_clear_drops_them() {
     let sibling: Vec<u64> = (200..206).chain([300, 301]).collect();
     let d = lookup(&router, &req(&sibling));
     assert_eq!(d.reason, ReasonCode::AffinityHint, "rows {:?}", rows(&d));
+}
+
+#[test]
+fn pending_never_outweighs_a_replica_that_really_holds_more() {
+    let router = fleet(ResolvedPolicy::default());
+    let (first, _inflight) = route_first(&router, t0());
+    let other = FLEET
+        .iter()
+        .copied()
+        .find(|id| *id != first)
+        .expect("4 replicas");
+    store(&router, other, &FIRST[..6]);
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(picked(&d).as_deref(), Some(other), "rows {:?}", rows(&d));
+}
+
+#[test]
+fn off_by_default() {
+    let router = mk_router(ResolvedPolicy::default());
+    for id in FLEET {
+        register(&router, acme(), id, t0());
+    }
+    let (_, _inflight) = route_first(&router, t0());
+    let d = lookup(&router, &req(&SIBLING));
+    assert_eq!(d.reason, ReasonCode::AffinityHint);
 }
 
 #[test]
