@@ -105,8 +105,9 @@ impl Router {
                 .policy
                 .load_balancing
                 .pending_ttl_nanos();
-            if let (true, Some(s), Some(slot)) =
-                (ttl > 0, self.index.scope(scope), decision.pick_slot())
+            // Off by default: no scope lookup on the routed path then.
+            if ttl > 0
+                && let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot())
             {
                 s.pending.record(slot, chain, now.as_nanos(), ttl);
             }
