@@ -16,6 +16,7 @@
 //! a message with nothing in it gets none: the stream never fails on what it does
 //! not use.
 
+pub mod body;
 pub mod headers;
 pub mod verdict;
 
