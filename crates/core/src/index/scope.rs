@@ -23,15 +23,11 @@ use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
 use super::leading_run::LeadingRuns;
-use super::lock::{ReaderFirst, Turn};
+use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::scope::ScopeKey;
-
-/// The lookup budget ran out before the index could be read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Timeout;
 
 /// How many keys a sweep removes per write-lock hold.
 pub(crate) const SWEEP_BATCH: usize = 256;
