@@ -393,6 +393,14 @@ struct Counters {
     used_blocks: AtomicUsize,
     /// Completion ids.
     next_id: AtomicU64,
+    /// Batched model: times the scheduler woke more than its catch-up bound after
+    /// its modelled clock and restarted the clock (the run then depends on this
+    /// machine's load), and the largest lag seen, µs; since start or the last reset.
+    clock_resets: AtomicU64,
+    max_lag_us: AtomicU64,
+    /// Completion requests received since start or the last reset (the load-aware
+    /// oracle tells its own requests still on the wire from those queued here).
+    received: AtomicU64,
 }
 
 fn routes(engine: Arc<Engine>) -> axum::Router {
@@ -538,6 +546,7 @@ impl Engine {
         }
         let arrived = Instant::now();
         let c = &self.counters;
+        c.received.fetch_add(1, Ordering::Relaxed);
         // Only a request that finds every slot taken waits (and counts as queued);
         // try_acquire cannot overtake waiters, released permits go to them first.
         let permit = match self.slots.try_acquire() {
@@ -659,10 +668,12 @@ async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Respon
                 c.queued.load(Ordering::Relaxed),
                 c.running.load(Ordering::Relaxed),
             );
+            let mut received = c.received.load(Ordering::Relaxed);
             let (pending, decoding, predicted_us) = match &engine.batcher {
                 Some(b) => {
                     let (pending, decoding) = {
                         let q = b.queue.lock();
+                        received = c.received.load(Ordering::Relaxed);
                         (q.pending_prefill, q.decoding)
                     };
                     let us = b.costs.predict_ttft_us(pending, uncached, decoding);
@@ -685,6 +696,7 @@ async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Respon
                 "queued": queued,
                 "running": running,
                 "pending_prefill_tokens": pending,
+                "received": received,
                 "decoding": decoding,
                 "predicted_ttft_ms": predicted_us / 1e3,
             }))
@@ -755,6 +767,9 @@ async fn reset_prefix_cache(State(engine): State<Arc<Engine>>) -> StatusCode {
     ticket.publish(vec![KvEvent::Cleared]);
     let c = &engine.counters;
     c.served.store(0, Ordering::Relaxed);
+    c.clock_resets.store(0, Ordering::Relaxed);
+    c.received.store(0, Ordering::Relaxed);
+    c.max_lag_us.store(0, Ordering::Relaxed);
     c.peak_queued
         .store(c.queued.load(Ordering::Relaxed), Ordering::Relaxed);
     StatusCode::OK
@@ -772,6 +787,8 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "queued": c.queued.load(Ordering::Relaxed),
         "running": c.running.load(Ordering::Relaxed),
         "peak_queued": c.peak_queued.load(Ordering::Relaxed),
+        "clock_resets": c.clock_resets.load(Ordering::Relaxed),
+        "max_lag_ms": c.max_lag_us.load(Ordering::Relaxed) as f64 / 1e3,
         "cached_blocks": cached_blocks,
         "capacity_blocks": capacity_blocks,
     }))

@@ -138,7 +138,8 @@ async fn a_repeated_prompt_reports_cached_tokens() {
     assert_eq!(
         stats,
         json!({"replica": "sim-a", "served": 2, "queued": 0, "running": 0,
-               "peak_queued": 0, "cached_blocks": 2, "capacity_blocks": 64})
+               "peak_queued": 0, "clock_resets": 0, "max_lag_ms": 0.0,
+               "cached_blocks": 2, "capacity_blocks": 64})
     );
     assert_eq!(http.send("GET", "/health", "").await.status, StatusCode::OK);
     engine.shutdown().await;
@@ -685,6 +686,9 @@ async fn ttft_grows_with_queue_depth_and_the_engine_reports_it() {
         busy["pending_prefill_tokens"].as_u64().unwrap() > 128,
         "{busy}"
     );
+    // The load-aware oracle tells its requests on the wire from those queued here.
+    assert_eq!(idle["received"], 0, "{idle}");
+    assert_eq!(busy["received"], 6, "{busy}");
     assert!(
         busy["predicted_ttft_ms"].as_f64().unwrap()
             > 2.0 * idle["predicted_ttft_ms"].as_f64().unwrap(),
