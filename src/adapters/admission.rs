@@ -251,6 +251,9 @@ fn backend_rules(b: &CacheBackend) -> Vec<Finding> {
             &mut out,
         );
     }
+    for (field, message) in crate::adapters::kv_events::ranks::backend_errors(&b.spec) {
+        out.push(Finding::always(format!("{field}: {message}")));
+    }
     out
 }
 

@@ -94,7 +94,7 @@ fn replicas_whose_kv_events_were_lost_are_marked_stale() {
     let (router, now) = mk_router();
     let mut v = snapshot_json(&router.view(now), &router.snapshot(), now);
     let kv = KvEventMetrics::default();
-    let key = ("acme".into(), "llama".into(), "vllm".into(), "r1".into());
+    let key = ("acme".into(), "llama".into(), "vllm".into(), "r1".into(), 0);
     kv.set_stale(&key, true);
     mark_stale(&mut v, &kv);
     let replicas = v["replicas"].as_array().unwrap();

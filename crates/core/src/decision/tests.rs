@@ -144,6 +144,7 @@ fn backend(replicas: &[(&str, &str)]) -> BackendDecl {
                 address: (*address).into(),
                 kv_events_endpoint: None,
                 kv_replay_endpoint: None,
+                data_parallel_size: 1,
             })
             .collect(),
     }
