@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+/// The lookup budget ran out before the lock could be taken for reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeout;
+
 /// The longest a writer waits for an opening before it queues for the lock.
 const MAX_YIELD: Duration = Duration::from_micros(50);
 
