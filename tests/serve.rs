@@ -504,7 +504,11 @@ async fn an_ingest_over_the_cap_wakes_the_cap_sweep() {
         v["totalEntries"].as_u64().unwrap()
     };
     let mut ingest = s.ingest_client().await;
-    let out = ingest.ingest_events(ingest_req()).await.unwrap().into_inner();
+    let out = ingest
+        .ingest_events(ingest_req())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(out.applied, 1);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -512,7 +516,11 @@ async fn an_ingest_over_the_cap_wakes_the_cap_sweep() {
         if n == 3 {
             break;
         }
-        assert!(n == 4 && Instant::now() < deadline, "{n} entries: {}", s.log());
+        assert!(
+            n == 4 && Instant::now() < deadline,
+            "{n} entries: {}",
+            s.log()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -344,6 +344,29 @@ pub fn resolve_policy(
         }),
     };
 
+    let mut weight = |field: &'static str, text: &str, default: f64| {
+        crate::core::policy::TierWeights::parse_weight(field, text).unwrap_or_else(|e| {
+            let message = e
+                .split_once(": ")
+                .map_or(e.as_str(), |(_, m)| m)
+                .to_string();
+            errors.push((field, message));
+            default
+        })
+    };
+    let tier_weights = crate::core::policy::TierWeights {
+        cpu: weight(
+            "spec.tierWeights.cpu",
+            &spec.tier_weights.cpu,
+            crate::core::policy::TierWeights::DEFAULT_CPU,
+        ),
+        disk: weight(
+            "spec.tierWeights.disk",
+            &spec.tier_weights.disk,
+            crate::core::policy::TierWeights::DEFAULT_DISK,
+        ),
+    };
+
     let policy = ResolvedPolicy {
         eviction: match spec.eviction {
             cache_policy::Eviction::Lru => EvictionAlgorithm::Lru,
@@ -368,6 +391,7 @@ pub fn resolve_policy(
             cache_policy::LoadAwareness::Disabled => LoadAwareness::Disabled,
         },
         load_balancing,
+        tier_weights,
     };
     if errors.is_empty() {
         match policy.validate() {

@@ -146,6 +146,8 @@ fn policy_shows_resolved_fields_per_namespace() {
     assert_eq!(p["routingFloorScore"], "0.1");
     assert_eq!(p["strategy"]["enableChainMatching"], true);
     assert_eq!(p["affinityRouting"], "Enabled");
+    assert_eq!(p["tierWeights"]["cpu"], "0.8");
+    assert_eq!(p["tierWeights"]["disk"], "0.25");
     assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
 }
 

@@ -454,3 +454,19 @@ fn policy_load_tuning_is_checked() {
     let m = denied("CachePolicy", json!({"loadAwareness": "Maybe"}));
     assert!(m.contains("loadAwareness"), "{m}");
 }
+
+#[test]
+fn policy_tier_weights_are_decimals_in_0_1() {
+    admitted(
+        "CachePolicy",
+        json!({"tierWeights": {"cpu": "0.75", "disk": "0"}}),
+    );
+    let m = denied("CachePolicy", json!({"tierWeights": {"cpu": "1.5"}}));
+    assert!(
+        m.contains("spec.tierWeights.cpu: 1.5 is outside 0..1 (GPU is 1)"),
+        "{m}"
+    );
+    // Not a decimal: the schema's pattern names the field.
+    let m = denied("CachePolicy", json!({"tierWeights": {"disk": "-1"}}));
+    assert!(m.contains("tierWeights.disk"), "{m}");
+}

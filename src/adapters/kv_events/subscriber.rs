@@ -63,7 +63,7 @@ use super::metrics::{KvEventMetrics, StaleKey};
 use super::translate::{ReplicaChains, Skipped};
 use super::zmtp::{Connection, Limits, SocketType, ZmtpError};
 use crate::core::Router;
-use crate::core::index::{IndexEvent, IngestBatch};
+use crate::core::index::{IndexEvent, IngestBatch, Tier};
 use crate::core::scope::ScopeKey;
 use crate::core::time::Timestamp;
 
@@ -444,48 +444,85 @@ struct Applier {
     rank_blocks: Option<RankBlocks>,
 }
 
-/// The own-chain blocks one data-parallel rank holds, with how many times it
-/// stored each (engines do not deduplicate).
+/// The own-chain blocks one data-parallel rank holds, per tier (`None` = GPU),
+/// with how many times it stored each (engines do not deduplicate).
 #[derive(Debug, Default)]
 struct RankBlocks {
-    held: HashMap<u64, u32, foldhash::fast::RandomState>,
+    held: HashMap<(u64, Option<Tier>), u32, foldhash::fast::RandomState>,
 }
 
 impl RankBlocks {
-    /// Rewrites `events` so they touch only this rank's references: removals of
-    /// blocks it does not hold are dropped, a clear removes what it holds.
-    fn scope(&mut self, events: &mut Vec<IndexEvent>) {
-        events.retain_mut(|event| match event {
-            IndexEvent::Stored { hashes, .. } => {
-                for h in hashes.iter() {
-                    *self.held.entry(*h).or_default() += 1;
+    fn add(&mut self, hashes: &[u64], tier: Option<Tier>) {
+        for h in hashes {
+            *self.held.entry((*h, tier)).or_default() += 1;
+        }
+    }
+
+    /// Keeps the removals of blocks this rank holds in `tier`; false if none is left.
+    fn take(&mut self, hashes: &mut Vec<u64>, tier: Option<Tier>) -> bool {
+        hashes.retain(|h| match self.held.get_mut(&(*h, tier)) {
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(&(*h, tier));
                 }
                 true
             }
-            IndexEvent::Removed { hashes } => {
-                hashes.retain(|h| match self.held.get_mut(h) {
-                    Some(n) => {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.held.remove(h);
-                        }
-                        true
-                    }
-                    None => false,
-                });
-                !hashes.is_empty()
-            }
-            IndexEvent::Cleared => {
-                let mut hashes = Vec::new();
-                for (h, n) in self.held.drain() {
-                    hashes.extend(std::iter::repeat_n(h, n as usize));
-                }
-                let keep = !hashes.is_empty();
-                *event = IndexEvent::Removed { hashes };
-                keep
-            }
-            IndexEvent::PrefixStored { .. } => true,
+            None => false,
         });
+        !hashes.is_empty()
+    }
+
+    /// Rewrites `events` so they touch only this rank's references: removals of
+    /// blocks it does not hold are dropped, a clear removes what it holds (in
+    /// every tier).
+    fn scope(&mut self, events: &mut Vec<IndexEvent>) {
+        let mut i = 0;
+        while i < events.len() {
+            let keep = match &mut events[i] {
+                IndexEvent::Stored { hashes, .. } => {
+                    self.add(hashes, None);
+                    true
+                }
+                IndexEvent::TierStored { tier, hashes } => {
+                    self.add(hashes, Some(*tier));
+                    true
+                }
+                IndexEvent::Removed { hashes } => self.take(hashes, None),
+                IndexEvent::TierRemoved { tier, hashes } => {
+                    let tier = *tier;
+                    self.take(hashes, Some(tier))
+                }
+                IndexEvent::Cleared => {
+                    let mut by_tier: Vec<(Option<Tier>, Vec<u64>)> = Vec::new();
+                    for ((h, tier), n) in self.held.drain() {
+                        let at = match by_tier.iter().position(|(t, _)| *t == tier) {
+                            Some(at) => at,
+                            None => {
+                                by_tier.push((tier, Vec::new()));
+                                by_tier.len() - 1
+                            }
+                        };
+                        by_tier[at].1.extend(std::iter::repeat_n(h, n as usize));
+                    }
+                    let removals = by_tier.into_iter().map(|(tier, hashes)| match tier {
+                        None => IndexEvent::Removed { hashes },
+                        Some(tier) => IndexEvent::TierRemoved { tier, hashes },
+                    });
+                    let removals: Vec<IndexEvent> = removals.collect();
+                    let n = removals.len();
+                    events.splice(i..=i, removals);
+                    i += n;
+                    continue;
+                }
+                IndexEvent::PrefixStored { .. } => true,
+            };
+            if keep {
+                i += 1;
+            } else {
+                events.remove(i);
+            }
+        }
     }
 }
 

@@ -423,3 +423,33 @@ spec:
     ]);
     assert!(e.contains("spec.dataParallelSize"), "{e}");
 }
+
+#[test]
+fn tier_weights_load_from_yaml_and_out_of_range_is_named() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write(
+        "p.yaml",
+        &policy("{tierWeights: {cpu: \"0.75\", disk: \"0\"}}"),
+    );
+    let loaded = load(dir.path()).unwrap();
+    let w = loaded.snapshot.tenant("acme").policy.tier_weights;
+    assert_eq!((w.cpu, w.disk), (0.75, 0.0));
+    // Omitted: the defaults (CPU 0.8, disk 0.25).
+    dir.write("p.yaml", &policy("{tierWeights: {}}"));
+    let w = load(dir.path())
+        .unwrap()
+        .snapshot
+        .tenant("acme")
+        .policy
+        .tier_weights;
+    assert_eq!((w.cpu, w.disk), (0.8, 0.25));
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{tierWeights: {disk: \"2\"}}")),
+    ]);
+    assert!(
+        e.contains("spec.tierWeights.disk: 2 is outside 0..1"),
+        "{e}"
+    );
+}

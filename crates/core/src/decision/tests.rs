@@ -32,6 +32,7 @@ mod lifecycle;
 mod load;
 mod pending;
 mod ranking;
+mod tiers;
 
 // ----- fixtures -----
 

@@ -461,6 +461,20 @@ fn a_rank_touches_only_its_own_references() {
     let mut events = vec![removed(&[5]), IndexEvent::Cleared];
     rank.scope(&mut events);
     assert_eq!(events, vec![removed(&[5])]);
+    // Lower tiers are the rank's too: its clear removes them there.
+    let cpu = |stored: bool, h: &[u64]| match stored {
+        true => IndexEvent::TierStored {
+            tier: Tier::Cpu,
+            hashes: h.to_vec(),
+        },
+        false => IndexEvent::TierRemoved {
+            tier: Tier::Cpu,
+            hashes: h.to_vec(),
+        },
+    };
+    let mut events = vec![cpu(true, &[8]), cpu(false, &[9]), IndexEvent::Cleared];
+    rank.scope(&mut events);
+    assert_eq!(events, vec![cpu(true, &[8]), cpu(false, &[8])]);
 }
 
 /// `["AllBlocksCleared"]` alone, vLLM's array generation.
