@@ -590,8 +590,15 @@ impl ScopeIndex {
             return Ok(out);
         }
         let store = self.read_within(deadline)?;
-        let mut alive: SmallVec<[bool; 32]> = SmallVec::from_elem(true, n);
-        let mut left = n;
+        // slot → member + 1 (0: not serving), built once per lookup.
+        let members = serving.members();
+        let width = members.iter().map(|&s| s as usize + 1).max().unwrap_or(0);
+        let mut member_of: SmallVec<[u16; 64]> = SmallVec::from_elem(0, width);
+        for (m, &slot) in members.iter().enumerate() {
+            member_of[slot as usize] = m as u16 + 1;
+        }
+        // Members whose run is still going; after block 0 usually a few.
+        let mut alive: SmallVec<[u16; 32]> = (0..n as u16).collect();
         let mut best: SmallVec<[f64; 32]> = SmallVec::from_elem(0.0, n);
         let mut timed_out = false;
         store.walk(chain, |i, e| {
@@ -602,29 +609,49 @@ impl ScopeIndex {
             if !e.is_fresh(now, ttl) {
                 return false;
             }
-            best.iter_mut().for_each(|w| *w = 0.0);
+            // Only GPU holders in slots 0..64 (most entries): one mask test each.
+            if let Some(mask) = e.holders.low_mask() {
+                alive.retain(|m| {
+                    let held = mask & (1u64 << (members[*m as usize] % 64)) != 0
+                        && members[*m as usize] < 64;
+                    if held {
+                        out.runs[*m as usize] = i as u32 + 1;
+                    }
+                    held
+                });
+                return !alive.is_empty();
+            }
             for holder in e.holders.slots() {
                 let (slot, code) = split_slot(holder);
                 let w = weights.get(code as usize).copied().unwrap_or(0.0);
-                if let Some(m) = serving.member_of(slot).filter(|_| w > 0.0) {
-                    best[m] = best[m].max(w);
-                }
-            }
-            for m in 0..n {
-                if !alive[m] {
-                    continue;
-                }
-                if best[m] > 0.0 {
-                    out.runs[m] = i as u32 + 1;
-                    if best[m] < 1.0 {
-                        out.lower.push((m, i as u32, best[m]));
+                match member_of.get(slot as usize) {
+                    Some(&m) if m > 0 && w > 0.0 => {
+                        let b = &mut best[m as usize - 1];
+                        *b = b.max(w);
                     }
-                } else {
-                    alive[m] = false;
-                    left -= 1;
+                    _ => {}
                 }
             }
-            left > 0
+            alive.retain(|m| {
+                let m = *m as usize;
+                let w = std::mem::take(&mut best[m]);
+                if w > 0.0 {
+                    out.runs[m] = i as u32 + 1;
+                    if w < 1.0 {
+                        out.lower.push((m, i as u32, w));
+                    }
+                }
+                w > 0.0
+            });
+            // Holders that were not alive leave their weight behind: clear it.
+            for holder in e.holders.slots() {
+                if let Some(&m) = member_of.get(split_slot(holder).0 as usize)
+                    && m > 0
+                {
+                    best[m as usize - 1] = 0.0;
+                }
+            }
+            !alive.is_empty()
         });
         if timed_out {
             return Err(Timeout);
