@@ -12,7 +12,8 @@
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
 //! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
 //! the concurrent writer write to another scope (separates lock contention from
-//! memory interference); IC_BENCH_LOAD=disabled runs the decision with
+//! memory interference); IC_BENCH_TIERS=1 adds one CPU-tier block to the scope
+//! (lookups then take the tiered walk); IC_BENCH_LOAD=disabled runs the decision with
 //! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
 
 use std::hint::black_box;
@@ -170,6 +171,21 @@ fn main() {
     }
     let insert_secs = start.elapsed().as_secs_f64();
     let rss_after = rss_bytes();
+    // IC_BENCH_TIERS=1: one CPU-tier block elsewhere in the scope, so every lookup
+    // takes the tiered walk (same answers: the chains are on GPU).
+    if std::env::var("IC_BENCH_TIERS").is_ok_and(|v| v == "1") {
+        let cpu = [IndexEvent::TierStored {
+            tier: inferencecache_core::index::Tier::Cpu,
+            hashes: vec![0x7153_0000_0000_0001],
+        }];
+        let batch = IngestBatch {
+            scope,
+            replica_id: &ids[0],
+            endpoint: &endpoints[0],
+            events: &cpu,
+        };
+        black_box(router.ingest(&batch, now).ok());
+    }
     let blocks_inserted = (SEQUENCES * BLOCKS) as f64;
     drop(events);
 

@@ -135,6 +135,8 @@ impl Rig {
                 queue_capacity: 1024,
                 replay_timeout: Duration::from_secs(1),
                 max_mappings: 1 << 24,
+                rank: 0,
+                ranks: 1,
             },
             router.clone(),
             metrics.clone(),

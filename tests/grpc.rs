@@ -31,6 +31,7 @@ fn mk_snapshot() -> PolicySnapshot {
             address: format!("127.0.0.1:{}", 8001 + i),
             kv_events_endpoint: None,
             kv_replay_endpoint: None,
+            data_parallel_size: 1,
         })
         .collect();
     let backend = BackendDecl {

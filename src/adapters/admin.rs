@@ -244,6 +244,10 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "statsMaxAge": format_duration(p.load_balancing.stats_max_age),
             "pendingTTL": format_duration(p.load_balancing.pending_ttl),
         },
+        "tierWeights": {
+            "cpu": p.tier_weights.cpu.to_string(),
+            "disk": p.tier_weights.disk.to_string(),
+        },
     })
 }
 

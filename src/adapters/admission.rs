@@ -222,6 +222,15 @@ fn policy_rules(p: &CachePolicy) -> Vec<Finding> {
     if let Err(e) = crate::core::policy::LoadBalancing::parse_factor(factor) {
         out.push(Finding::always(format!("spec.{e}")));
     }
+    let w = &p.spec.tier_weights;
+    for (field, text) in [
+        ("spec.tierWeights.cpu", &w.cpu),
+        ("spec.tierWeights.disk", &w.disk),
+    ] {
+        if let Err(e) = crate::core::policy::TierWeights::parse_weight(field, text) {
+            out.push(Finding::always(e));
+        }
+    }
     out
 }
 
@@ -250,6 +259,9 @@ fn backend_rules(b: &CacheBackend) -> Vec<Finding> {
             &e.address,
             &mut out,
         );
+    }
+    for (field, message) in crate::adapters::kv_events::ranks::backend_errors(&b.spec) {
+        out.push(Finding::always(format!("{field}: {message}")));
     }
     out
 }

@@ -19,7 +19,10 @@ pub fn is_heavy(events: &[IndexEvent]) -> bool {
     for e in events {
         match e {
             IndexEvent::Cleared => return true,
-            IndexEvent::Stored { hashes, .. } | IndexEvent::Removed { hashes } => {
+            IndexEvent::Stored { hashes, .. }
+            | IndexEvent::Removed { hashes }
+            | IndexEvent::TierStored { hashes, .. }
+            | IndexEvent::TierRemoved { hashes, .. } => {
                 blocks = blocks.saturating_add(hashes.len());
             }
             IndexEvent::PrefixStored { .. } => blocks = blocks.saturating_add(1),

@@ -344,6 +344,29 @@ pub fn resolve_policy(
         }),
     };
 
+    let mut weight = |field: &'static str, text: &str, default: f64| {
+        crate::core::policy::TierWeights::parse_weight(field, text).unwrap_or_else(|e| {
+            let message = e
+                .split_once(": ")
+                .map_or(e.as_str(), |(_, m)| m)
+                .to_string();
+            errors.push((field, message));
+            default
+        })
+    };
+    let tier_weights = crate::core::policy::TierWeights {
+        cpu: weight(
+            "spec.tierWeights.cpu",
+            &spec.tier_weights.cpu,
+            crate::core::policy::TierWeights::DEFAULT_CPU,
+        ),
+        disk: weight(
+            "spec.tierWeights.disk",
+            &spec.tier_weights.disk,
+            crate::core::policy::TierWeights::DEFAULT_DISK,
+        ),
+    };
+
     let policy = ResolvedPolicy {
         eviction: match spec.eviction {
             cache_policy::Eviction::Lru => EvictionAlgorithm::Lru,
@@ -368,6 +391,7 @@ pub fn resolve_policy(
             cache_policy::LoadAwareness::Disabled => LoadAwareness::Disabled,
         },
         load_balancing,
+        tier_weights,
     };
     if errors.is_empty() {
         match policy.validate() {
@@ -460,6 +484,9 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
         port("spec.kvEvents.port", k.port);
         port("spec.kvEvents.replayPort", k.replay_port);
     }
+    for (field, message) in crate::adapters::kv_events::ranks::backend_errors(spec) {
+        out.reject(BACKEND, meta, &field, message);
+    }
     if let Err(errors) = crate::adapters::engine_metrics::backend_metrics(spec) {
         for (field, message) in errors {
             out.reject(BACKEND, meta, &field, message);
@@ -482,7 +509,8 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
 
 /// `spec.endpoints[]` → declared replicas. A replica's KV event socket is its
 /// `kvEventsEndpoint`, else `kvEvents.port` on the address's host; the replay
-/// socket is `kvEvents.replayPort` on the event socket's host.
+/// socket is its `kvReplayEndpoint`, else `kvEvents.replayPort` on the event
+/// socket's host. Both are rank 0's when the endpoint has data-parallel ranks.
 fn static_replicas(
     spec: &CacheBackendSpec,
     meta: &ObjectMeta,
@@ -526,6 +554,7 @@ fn static_replicas(
             None => kv.and_then(|k| k.port).map(|p| format!("tcp://{host}:{p}")),
         };
         let replay = match (&events, kv.and_then(|k| k.replay_port)) {
+            _ if ep.kv_replay_endpoint.is_some() => ep.kv_replay_endpoint.clone(),
             (Some(e), Some(port)) => {
                 let authority = e.split_once("://").map_or(e.as_str(), |(_, a)| a);
                 host_of(authority).map(|h| format!("tcp://{h}:{port}"))
@@ -537,6 +566,8 @@ fn static_replicas(
             address: ep.address.clone(),
             kv_events_endpoint: events,
             kv_replay_endpoint: replay,
+            data_parallel_size: ranks::declared_size(spec, Some(i))
+                .clamp(1, ranks::MAX_DATA_PARALLEL_SIZE) as u32,
         });
     }
     replicas
@@ -548,6 +579,8 @@ fn host_of(address: &str) -> Option<&str> {
     let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
     (port_ok && !host.is_empty()).then_some(host)
 }
+
+use crate::adapters::kv_events::ranks;
 
 pub mod pods;
 

@@ -70,6 +70,14 @@ pub struct CacheBackendSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["id".into()]))]
     pub endpoints: Vec<StaticEndpoint>,
 
+    /// Data-parallel ranks per engine pod (default 1). Rank r publishes KV events on
+    /// `kvEvents.port + r` and replays on `kvEvents.replayPort + r` (vLLM's and
+    /// SGLang's convention); the pod stays one replica holding the union of its
+    /// ranks' blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub data_parallel_size: Option<i32>,
+
     /// Where the engines serve Prometheus metrics (waiting / running requests, KV
     /// usage), scraped for the load rule. On by default: vLLM and SGLang serve
     /// `/metrics` on their serving port.
@@ -166,6 +174,15 @@ pub struct StaticEndpoint {
     /// The engine's KV event socket, e.g. `tcp://10.0.0.7:5557`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_endpoint: Option<String>,
+    /// The engine's replay socket, e.g. `tcp://10.0.0.7:5558`; default
+    /// `kvEvents.replayPort` on the event socket's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_replay_endpoint: Option<String>,
+    /// Data-parallel ranks behind this endpoint; overrides `spec.dataParallelSize`.
+    /// Rank r's sockets are the event and replay endpoints with their port + r.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub data_parallel_size: Option<i32>,
     /// The engine's Prometheus metrics URL, e.g. `http://10.0.0.7:8000/metrics`;
     /// overrides `spec.metrics.port` and `path` for this replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -95,6 +95,42 @@ pub struct CachePolicySpec {
     /// Tuning of the load rule.
     #[serde(default)]
     pub load_balancing: LoadBalancing,
+
+    /// How much a block an engine holds in a slower memory tier counts, relative
+    /// to the same block on GPU (1).
+    #[serde(default)]
+    pub tier_weights: TierWeights,
+}
+
+/// `spec.tierWeights`: quoted decimals in [0, 1]; `"0"` ignores the tier.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TierWeights {
+    /// CPU memory (vLLM medium `CPU`, SGLang `CPU_PINNED`).
+    #[serde(default = "default_cpu_weight")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?$"))]
+    pub cpu: String,
+    /// Disk and other storage media.
+    #[serde(default = "default_disk_weight")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?$"))]
+    pub disk: String,
+}
+
+fn default_cpu_weight() -> String {
+    "0.8".to_string()
+}
+
+fn default_disk_weight() -> String {
+    "0.25".to_string()
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        Self {
+            cpu: default_cpu_weight(),
+            disk: default_disk_weight(),
+        }
+    }
 }
 
 fn default_eviction_ttl() -> String {
@@ -123,6 +159,7 @@ impl Default for CachePolicySpec {
             affinity_routing: AffinityRouting::default(),
             load_awareness: LoadAwareness::default(),
             load_balancing: LoadBalancing::default(),
+            tier_weights: TierWeights::default(),
         }
     }
 }

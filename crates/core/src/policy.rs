@@ -337,6 +337,56 @@ pub struct ResolvedPolicy {
     /// Contract §12; not a seed field, so the seed's decision is `Disabled`.
     pub load_awareness: LoadAwareness,
     pub load_balancing: LoadBalancing,
+    /// CachePolicy `spec.tierWeights`.
+    pub tier_weights: TierWeights,
+}
+
+/// How much a block held in a slower memory tier counts in the score, relative
+/// to the same block on GPU (1.0). A weight of 0 ignores the tier.
+///
+/// Defaults from the peers, not measured here: CPU 0.8 is llm-d's (Dynamo uses
+/// 0.75 for host memory), disk 0.25 is Dynamo's. Loading an offloaded block costs
+/// a copy, not a recompute, so it is worth most of a GPU hit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierWeights {
+    pub cpu: f64,
+    pub disk: f64,
+}
+
+impl TierWeights {
+    pub const DEFAULT_CPU: f64 = 0.8;
+    pub const DEFAULT_DISK: f64 = 0.25;
+
+    /// Weights by tier code: GPU (1.0), CPU, disk.
+    pub fn by_code(&self) -> [f64; 3] {
+        [1.0, self.cpu, self.disk]
+    }
+
+    /// Whether any lower tier counts at all.
+    pub fn any_lower(&self) -> bool {
+        self.cpu > 0.0 || self.disk > 0.0
+    }
+
+    /// A weight from its CRD spelling: a decimal in [0, 1].
+    pub fn parse_weight(field: &str, text: &str) -> Result<f64, String> {
+        let w: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{field}: {text:?} is not a decimal"))?;
+        if !(0.0..=1.0).contains(&w) {
+            return Err(format!("{field}: {text} is outside 0..1 (GPU is 1)"));
+        }
+        Ok(w)
+    }
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        Self {
+            cpu: Self::DEFAULT_CPU,
+            disk: Self::DEFAULT_DISK,
+        }
+    }
 }
 
 impl ResolvedPolicy {
@@ -373,6 +423,7 @@ impl Default for ResolvedPolicy {
             affinity_routing: AffinityRouting::Enabled,
             load_awareness: LoadAwareness::Enabled,
             load_balancing: LoadBalancing::default(),
+            tier_weights: TierWeights::default(),
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct DeclaredReplica {
     /// Where the engine's KV events come from (`tcp://host:port`), if any.
     pub kv_events_endpoint: Option<String>,
     pub kv_replay_endpoint: Option<String>,
+    /// Data-parallel ranks behind the replica (1 without DP): rank r publishes on
+    /// the event endpoint's port + r and replays on the replay endpoint's port + r.
+    /// The replica holds the union of its ranks' blocks.
+    pub data_parallel_size: u32,
 }
 
 /// A CacheBackend resolved to its scope.

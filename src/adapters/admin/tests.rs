@@ -94,7 +94,7 @@ fn replicas_whose_kv_events_were_lost_are_marked_stale() {
     let (router, now) = mk_router();
     let mut v = snapshot_json(&router.view(now), &router.snapshot(), now);
     let kv = KvEventMetrics::default();
-    let key = ("acme".into(), "llama".into(), "vllm".into(), "r1".into());
+    let key = ("acme".into(), "llama".into(), "vllm".into(), "r1".into(), 0);
     kv.set_stale(&key, true);
     mark_stale(&mut v, &kv);
     let replicas = v["replicas"].as_array().unwrap();
@@ -146,6 +146,8 @@ fn policy_shows_resolved_fields_per_namespace() {
     assert_eq!(p["routingFloorScore"], "0.1");
     assert_eq!(p["strategy"]["enableChainMatching"], true);
     assert_eq!(p["affinityRouting"], "Enabled");
+    assert_eq!(p["tierWeights"]["cpu"], "0.8");
+    assert_eq!(p["tierWeights"]["disk"], "0.25");
     assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
 }
 

@@ -225,6 +225,38 @@ fn backend_required_strings_and_bounds() {
 }
 
 #[test]
+fn backend_data_parallel_sizes_and_ports() {
+    admitted(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h", "dataParallelSize": 2,
+               "kvEvents": {"port": 5557, "replayPort": 5558},
+               "endpoints": [{"id": "r1", "address": "10.0.0.1:8000",
+                              "kvReplayEndpoint": "tcp://10.0.0.1:6000"}]}),
+    );
+    // Out of the schema's range: the structural check names the field.
+    let m = denied(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h", "dataParallelSize": 0}),
+    );
+    assert!(m.contains("spec.dataParallelSize"), "{m}");
+    let m = denied(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "endpoints": [{"id": "r1", "address": "h:1", "dataParallelSize": 2,
+                              "kvEventsEndpoint": "tcp://h:65535"},
+                             {"id": "r2", "address": "h:2", "kvReplayEndpoint": "h:6000"}]}),
+    );
+    assert!(
+        m.contains("spec.endpoints[0].kvEventsEndpoint: \"tcp://h:65535\": rank 1 would use port 65536, above 65535"),
+        "{m}"
+    );
+    assert!(
+        m.contains("spec.endpoints[1].kvReplayEndpoint: \"h:6000\" is not tcp://host:port"),
+        "{m}"
+    );
+}
+
+#[test]
 fn template_required_strings_and_slot_type() {
     admitted(
         "PromptTemplate",
@@ -421,4 +453,20 @@ fn policy_load_tuning_is_checked() {
     assert!(m.contains("loadBalancing.factor"), "{m}");
     let m = denied("CachePolicy", json!({"loadAwareness": "Maybe"}));
     assert!(m.contains("loadAwareness"), "{m}");
+}
+
+#[test]
+fn policy_tier_weights_are_decimals_in_0_1() {
+    admitted(
+        "CachePolicy",
+        json!({"tierWeights": {"cpu": "0.75", "disk": "0"}}),
+    );
+    let m = denied("CachePolicy", json!({"tierWeights": {"cpu": "1.5"}}));
+    assert!(
+        m.contains("spec.tierWeights.cpu: 1.5 is outside 0..1 (GPU is 1)"),
+        "{m}"
+    );
+    // Not a decimal: the schema's pattern names the field.
+    let m = denied("CachePolicy", json!({"tierWeights": {"disk": "-1"}}));
+    assert!(m.contains("tierWeights.disk"), "{m}");
 }

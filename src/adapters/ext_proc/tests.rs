@@ -27,6 +27,7 @@ fn mk_snapshot_with(replicas: &[(&str, &str)], policy: ResolvedPolicy) -> Policy
                 address: (*addr).into(),
                 kv_events_endpoint: None,
                 kv_replay_endpoint: None,
+                data_parallel_size: 1,
             })
             .collect(),
     };

@@ -33,12 +33,13 @@ pub struct KvEventMetrics {
     duplicates: Counter,
     warm_starts: Family<Kind, Counter>,
     stale_replicas: Gauge,
-    /// (tenant, model, hash scheme, replica) of the replicas marked possibly stale.
+    /// (tenant, model, hash scheme, replica, data-parallel rank) of the event
+    /// streams marked possibly stale.
     stale: Mutex<HashSet<StaleKey>>,
 }
 
 /// Which replica: (tenant, model, hash scheme, replica id).
-pub type StaleKey = (String, String, String, String);
+pub type StaleKey = (String, String, String, String, u32);
 
 impl Default for KvEventMetrics {
     fn default() -> Self {
@@ -225,21 +226,22 @@ impl KvEventMetrics {
             set.remove(key)
         };
         if changed {
-            self.stale_replicas.set(set.len() as i64);
+            // Replicas, not streams: a replica with two stale ranks counts once.
+            let replicas: HashSet<(&str, &str, &str, &str)> = set
+                .iter()
+                .map(|(t, m, h, r, _)| (t.as_str(), m.as_str(), h.as_str(), r.as_str()))
+                .collect();
+            self.stale_replicas.set(replicas.len() as i64);
         }
     }
 
-    /// Is this replica marked possibly stale?
+    /// Is this replica (any of its data-parallel ranks) marked possibly stale?
     pub fn is_stale(&self, tenant: &str, model: &str, hash_scheme: &str, replica: &str) -> bool {
         let set = self.stale.lock();
         if set.is_empty() {
             return false;
         }
-        set.contains(&(
-            tenant.to_string(),
-            model.to_string(),
-            hash_scheme.to_string(),
-            replica.to_string(),
-        ))
+        set.iter()
+            .any(|(t, m, h, r, _)| t == tenant && m == model && h == hash_scheme && r == replica)
     }
 }

@@ -28,11 +28,24 @@
 //! or one eviction TTL after the loss (every entry a lost removal left behind has
 //! expired by then).
 //!
+//! **Data-parallel ranks.** An engine with data-parallel ranks runs one
+//! subscriber per rank (`ranks.rs` says where each publishes), all feeding the one
+//! replica, each with its own seq, warm start, replay, staleness and restart
+//! detection. The index counts references per (replica, block), so two ranks
+//! storing the same block hold it twice, and one rank's removal leaves the
+//! other's. What the index cannot do is drop one rank's references only, so when
+//! a replica has several ranks each subscriber keeps the own-chain hashes its rank
+//! holds (with counts): a removal of a block the rank does not hold is dropped
+//! (it would release a sibling's reference), and the rank's clears (its
+//! `AllBlocksCleared`, its restart, its exact warm start) become removals of
+//! exactly those blocks. The replica keeps the other ranks' blocks.
+//!
 //! [`Subscriber::close`] stops it cleanly (the reader closes its socket, the apply
 //! task finishes what is queued); dropping the [`Subscriber`] aborts both tasks.
 //! Both run in a `kv_events` span carrying tenant, model, hash scheme, replica and
 //! endpoint.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -50,7 +63,7 @@ use super::metrics::{KvEventMetrics, StaleKey};
 use super::translate::{ReplicaChains, Skipped};
 use super::zmtp::{Connection, Limits, SocketType, ZmtpError};
 use crate::core::Router;
-use crate::core::index::{IndexEvent, IngestBatch};
+use crate::core::index::{IndexEvent, IngestBatch, Tier};
 use crate::core::scope::ScopeKey;
 use crate::core::time::Timestamp;
 
@@ -85,6 +98,10 @@ pub struct SubscriberConfig {
     /// How long a replay may stay silent (and a gap replay may take).
     pub replay_timeout: Duration,
     pub max_mappings: usize,
+    /// This stream's data-parallel rank, and how many ranks feed the replica
+    /// (1: the replica is this stream alone, and its clears clear the replica).
+    pub rank: u32,
+    pub ranks: u32,
 }
 
 /// A running subscriber; dropping it stops it.
@@ -126,7 +143,7 @@ impl Subscriber {
         let span = tracing::info_span!("kv_events",
             tenant = %config.scope.tenant, model = %config.scope.model,
             hash_scheme = %config.scope.hash_scheme, replica = %config.replica_id,
-            endpoint = %config.endpoint);
+            rank = config.rank, endpoint = %config.endpoint);
         let (stop, mut stopped) = watch::channel(false);
         let read = read_loop(config.clone(), tx, Arc::new(connected_tx), metrics.clone());
         let reader = tokio::spawn(
@@ -170,6 +187,7 @@ fn stale_key(config: &SubscriberConfig) -> StaleKey {
         config.scope.model.to_string(),
         config.scope.hash_scheme.to_string(),
         config.replica_id.clone(),
+        config.rank,
     )
 }
 
@@ -422,6 +440,90 @@ struct Applier {
     overlap: bool,
     /// The next resync of a stale replica, and the wait after that one.
     resync: Option<(Instant, Duration)>,
+    /// With several ranks: the blocks this rank holds (see the module docs).
+    rank_blocks: Option<RankBlocks>,
+}
+
+/// The own-chain blocks one data-parallel rank holds, per tier (`None` = GPU),
+/// with how many times it stored each (engines do not deduplicate).
+#[derive(Debug, Default)]
+struct RankBlocks {
+    held: HashMap<(u64, Option<Tier>), u32, foldhash::fast::RandomState>,
+}
+
+impl RankBlocks {
+    fn add(&mut self, hashes: &[u64], tier: Option<Tier>) {
+        for h in hashes {
+            *self.held.entry((*h, tier)).or_default() += 1;
+        }
+    }
+
+    /// Keeps the removals of blocks this rank holds in `tier`; false if none is left.
+    fn take(&mut self, hashes: &mut Vec<u64>, tier: Option<Tier>) -> bool {
+        hashes.retain(|h| match self.held.get_mut(&(*h, tier)) {
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(&(*h, tier));
+                }
+                true
+            }
+            None => false,
+        });
+        !hashes.is_empty()
+    }
+
+    /// Rewrites `events` so they touch only this rank's references: removals of
+    /// blocks it does not hold are dropped, a clear removes what it holds (in
+    /// every tier).
+    fn scope(&mut self, events: &mut Vec<IndexEvent>) {
+        let mut i = 0;
+        while i < events.len() {
+            let keep = match &mut events[i] {
+                IndexEvent::Stored { hashes, .. } => {
+                    self.add(hashes, None);
+                    true
+                }
+                IndexEvent::TierStored { tier, hashes } => {
+                    self.add(hashes, Some(*tier));
+                    true
+                }
+                IndexEvent::Removed { hashes } => self.take(hashes, None),
+                IndexEvent::TierRemoved { tier, hashes } => {
+                    let tier = *tier;
+                    self.take(hashes, Some(tier))
+                }
+                IndexEvent::Cleared => {
+                    let mut by_tier: Vec<(Option<Tier>, Vec<u64>)> = Vec::new();
+                    for ((h, tier), n) in self.held.drain() {
+                        let at = match by_tier.iter().position(|(t, _)| *t == tier) {
+                            Some(at) => at,
+                            None => {
+                                by_tier.push((tier, Vec::new()));
+                                by_tier.len() - 1
+                            }
+                        };
+                        by_tier[at].1.extend(std::iter::repeat_n(h, n as usize));
+                    }
+                    let removals = by_tier.into_iter().map(|(tier, hashes)| match tier {
+                        None => IndexEvent::Removed { hashes },
+                        Some(tier) => IndexEvent::TierRemoved { tier, hashes },
+                    });
+                    let removals: Vec<IndexEvent> = removals.collect();
+                    let n = removals.len();
+                    events.splice(i..=i, removals);
+                    i += n;
+                    continue;
+                }
+                IndexEvent::PrefixStored { .. } => true,
+            };
+            if keep {
+                i += 1;
+            } else {
+                events.remove(i);
+            }
+        }
+    }
 }
 
 async fn apply_loop(
@@ -444,7 +546,11 @@ async fn apply_loop(
         stale: None,
         overlap: false,
         resync: None,
+        rank_blocks: None,
     };
+    if applier.config.ranks > 1 {
+        applier.rank_blocks = Some(RankBlocks::default());
+    }
     // Subscribed first (live batches queue up meanwhile), then the replay.
     if connected.wait_for(|c| *c).await.is_err() {
         return;
@@ -703,8 +809,12 @@ impl Applier {
         }
     }
 
-    /// Entries the index holds for this replica.
+    /// Entries the index holds for this replica (for one of several ranks: the
+    /// blocks this rank holds).
     fn replica_entries(&self) -> u64 {
+        if let Some(r) = &self.rank_blocks {
+            return r.held.len() as u64;
+        }
         let s = &self.config.scope;
         self.router
             .view(Timestamp::now())
@@ -720,11 +830,12 @@ impl Applier {
             .sum()
     }
 
-    /// Drops everything the index holds for this replica: it is exact (empty) again.
+    /// Drops everything the index holds for this replica (or this rank): it is
+    /// exact (empty) again.
     fn clear(&mut self, cause: &'static str) {
         self.chains.reset();
         self.metrics.reset(cause);
-        self.ingest(&[IndexEvent::Cleared]);
+        self.ingest(&mut vec![IndexEvent::Cleared]);
         if self.stale.is_some() {
             self.set_stale(false);
         }
@@ -757,7 +868,7 @@ impl Applier {
         self.metrics
             .events("skipped", u64::from(events) + u64::from(batch.skipped));
         self.metrics.events("too_long", u64::from(batch.too_long));
-        self.ingest(&out);
+        self.ingest(&mut out);
         self.out = out;
         if (engine_clears > 0 || overflowed) && self.stale.is_some() {
             // Everything before the clear no longer matters.
@@ -771,7 +882,10 @@ impl Applier {
         }
     }
 
-    fn ingest(&self, events: &[IndexEvent]) {
+    fn ingest(&mut self, events: &mut Vec<IndexEvent>) {
+        if let Some(rank) = &mut self.rank_blocks {
+            rank.scope(events);
+        }
         if events.is_empty() {
             return;
         }

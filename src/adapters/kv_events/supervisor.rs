@@ -10,6 +10,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::metrics::KvEventMetrics;
+use super::ranks::rank_endpoint;
 use super::subscriber::{Subscriber, SubscriberConfig};
 use super::translate::DEFAULT_MAX_MAPPINGS;
 use crate::core::Router;
@@ -34,7 +35,8 @@ impl Subscribers {
         }
     }
 
-    /// What `snapshot` asks for: one subscriber per (backend, replica) with an endpoint.
+    /// What `snapshot` asks for: one subscriber per (backend, replica, data-parallel
+    /// rank) with an endpoint; rank r's sockets are the replica's with port + r.
     pub fn wanted(snapshot: &PolicySnapshot) -> Vec<SubscriberConfig> {
         let mut out = Vec::new();
         for backend in snapshot.backends() {
@@ -42,17 +44,38 @@ impl Subscribers {
                 let Some(endpoint) = &r.kv_events_endpoint else {
                     continue;
                 };
-                out.push(SubscriberConfig {
-                    scope: backend.scope.clone(),
-                    replica_id: r.id.clone(),
-                    address: r.address.clone(),
-                    endpoint: endpoint.clone(),
-                    replay_endpoint: r.kv_replay_endpoint.clone(),
-                    topic: backend.kv_events_topic.clone(),
-                    queue_capacity: DEFAULT_QUEUE_CAPACITY,
-                    replay_timeout: Duration::from_secs(2),
-                    max_mappings: DEFAULT_MAX_MAPPINGS,
-                });
+                let ranks = r.data_parallel_size.max(1);
+                for rank in 0..ranks {
+                    let derived = rank_endpoint(endpoint, rank).and_then(|e| {
+                        let replay = r
+                            .kv_replay_endpoint
+                            .as_deref()
+                            .map(|p| rank_endpoint(p, rank))
+                            .transpose()?;
+                        Ok((e, replay))
+                    });
+                    let (endpoint, replay_endpoint) = match derived {
+                        Ok(d) => d,
+                        Err(why) => {
+                            // Admission rejects these; a snapshot built otherwise skips the rank.
+                            tracing::error!(replica = %r.id, rank, why, "KV event rank endpoint unusable");
+                            continue;
+                        }
+                    };
+                    out.push(SubscriberConfig {
+                        scope: backend.scope.clone(),
+                        replica_id: r.id.clone(),
+                        address: r.address.clone(),
+                        endpoint,
+                        replay_endpoint,
+                        topic: backend.kv_events_topic.clone(),
+                        queue_capacity: DEFAULT_QUEUE_CAPACITY,
+                        replay_timeout: Duration::from_secs(2),
+                        max_mappings: DEFAULT_MAX_MAPPINGS,
+                        rank,
+                        ranks,
+                    });
+                }
             }
         }
         out
@@ -66,8 +89,8 @@ impl Subscribers {
         for config in wanted {
             if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(config) {
                 let config = slot.key().clone();
-                tracing::info!(replica = %config.replica_id, endpoint = %config.endpoint,
-                    scope = %config.scope, "starting KV event subscriber");
+                tracing::info!(replica = %config.replica_id, rank = config.rank,
+                    endpoint = %config.endpoint, scope = %config.scope, "starting KV event subscriber");
                 slot.insert(Subscriber::spawn(
                     config,
                     self.router.clone(),

@@ -25,7 +25,14 @@
 //! - any other scheme (`vllm-sha256-cbor`, `engine-raw`, …): the engine's hashes
 //!   are the chain; they pass through.
 //!
-//! Only the main pool counts: events for another `medium` (CPU offload) are skipped.
+//! Media: "GPU" (or none) is the main pool. CPU (vLLM `"CPU"`, SGLang
+//! `"CPU_PINNED"`) and disk media become [`IndexEvent::TierStored`] /
+//! [`IndexEvent::TierRemoved`]; other media are skipped. An offloaded block
+//! rarely carries tokens (vLLM's offload events have none), so under
+//! `ic-content-v1` it takes the own value of its GPU store: its mapping, or, when
+//! the GPU removal came first (vLLM sends BlockRemoved GPU, then BlockStored CPU),
+//! the value that removal just retired. A lower-tier copy holds a mapping
+//! reference like a GPU one.
 
 use std::collections::HashMap;
 
@@ -33,7 +40,7 @@ use smallvec::SmallVec;
 
 use crate::adapters::kv_events::decode::EngineEvent;
 use crate::core::chain::{self, Scheme};
-use crate::core::index::IndexEvent;
+use crate::core::index::{IndexEvent, Tier};
 
 /// Default bound on engine → own mappings per replica (a few million blocks is far
 /// beyond one engine's GPU pool).
@@ -57,7 +64,15 @@ pub struct ReplicaChains {
     /// Positions over all engine hashes.
     positions: usize,
     max_mappings: usize,
+    /// engine hash → own value of positions whose last reference went, newest
+    /// generation first; a generation fills to [`RETIRED_GENERATION`] and then
+    /// replaces the older one, so an offload right after its GPU removal still
+    /// resolves.
+    retired: [HashMap<u64, u64>; 2],
 }
+
+/// Retired mappings kept per generation.
+const RETIRED_GENERATION: usize = 1 << 12;
 
 /// One own-chain value an engine hash was stored as, and how many times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +88,7 @@ impl ReplicaChains {
             own: HashMap::new(),
             positions: 0,
             max_mappings,
+            retired: Default::default(),
         }
     }
 
@@ -86,6 +102,7 @@ impl ReplicaChains {
     pub fn reset(&mut self) {
         self.own = HashMap::new();
         self.positions = 0;
+        self.retired = Default::default();
     }
 
     /// Appends the index events of `events` to `out`, in order.
@@ -98,12 +115,43 @@ impl ReplicaChains {
                     out.push(IndexEvent::Cleared);
                     true
                 }
-                EngineEvent::BlockStored { medium, .. }
-                | EngineEvent::BlockRemoved { medium, .. }
-                    if !main_pool(medium.as_deref()) =>
-                {
-                    false
-                }
+                EngineEvent::BlockStored {
+                    medium,
+                    block_hashes,
+                    ..
+                } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
+                    Some(tier) => {
+                        let hashes = if self.content {
+                            self.store_lower(block_hashes)
+                        } else {
+                            block_hashes.clone()
+                        };
+                        let any = !hashes.is_empty();
+                        if any {
+                            out.push(IndexEvent::TierStored { tier, hashes });
+                        }
+                        any
+                    }
+                    None => false,
+                },
+                EngineEvent::BlockRemoved {
+                    medium,
+                    block_hashes,
+                } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
+                    Some(tier) => {
+                        let hashes = if self.content {
+                            self.remove_content(block_hashes)
+                        } else {
+                            block_hashes.clone()
+                        };
+                        let any = !hashes.is_empty();
+                        if any {
+                            out.push(IndexEvent::TierRemoved { tier, hashes });
+                        }
+                        any
+                    }
+                    None => false,
+                },
                 EngineEvent::BlockStored {
                     block_hashes,
                     parent_block_hash,
@@ -211,6 +259,7 @@ impl ReplicaChains {
 
     fn remove_content(&mut self, block_hashes: &[u64]) -> Vec<u64> {
         let mut hashes = Vec::with_capacity(block_hashes.len());
+        let mut retired = Vec::new();
         for engine in block_hashes {
             let Some(slots) = self.own.get_mut(engine) else {
                 continue;
@@ -222,6 +271,7 @@ impl ReplicaChains {
             hashes.push(first.value);
             first.refs -= 1;
             if first.refs == 0 {
+                retired.push((*engine, first.value));
                 slots.remove(0);
                 self.positions -= 1;
                 if slots.is_empty() {
@@ -229,7 +279,60 @@ impl ReplicaChains {
                 }
             }
         }
+        for (engine, value) in retired {
+            self.retire(engine, value);
+        }
         hashes
+    }
+}
+
+impl ReplicaChains {
+    /// Remembers a position whose last reference went (see `retired`).
+    fn retire(&mut self, engine: u64, value: u64) {
+        if self.retired[0].len() >= RETIRED_GENERATION {
+            self.retired[1] = std::mem::take(&mut self.retired[0]);
+        }
+        self.retired[0].insert(engine, value);
+    }
+
+    /// Own values of blocks stored in a lower tier, by their engine hashes: the
+    /// most recent position, else a just-retired one (which is mapped again).
+    /// Unknown hashes are left out.
+    fn store_lower(&mut self, block_hashes: &[u64]) -> Vec<u64> {
+        let mut hashes = Vec::with_capacity(block_hashes.len());
+        for engine in block_hashes {
+            if let Some(pos) = self.own.get_mut(engine).and_then(|v| v.last_mut()) {
+                pos.refs = pos.refs.saturating_add(1);
+                hashes.push(pos.value);
+                continue;
+            }
+            let retired = self.retired.iter().find_map(|g| g.get(engine).copied());
+            if let Some(value) = retired {
+                self.own
+                    .entry(*engine)
+                    .or_default()
+                    .push(Position { value, refs: 1 });
+                self.positions += 1;
+                hashes.push(value);
+            }
+        }
+        hashes
+    }
+}
+
+/// The lower tier a medium names: CPU memory (vLLM "CPU", SGLang "CPU_PINNED"
+/// and other "CPU…"/"HOST…" spellings) or disk ("DISK", "SSD", "NVME", "STORAGE").
+fn tier_of(medium: Option<&str>) -> Option<Tier> {
+    let m = medium?.to_ascii_uppercase();
+    if m.starts_with("CPU") || m.starts_with("HOST") {
+        Some(Tier::Cpu)
+    } else if ["DISK", "SSD", "NVME", "STORAGE"]
+        .iter()
+        .any(|d| m.starts_with(d))
+    {
+        Some(Tier::Disk)
+    } else {
+        None
     }
 }
 
@@ -321,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_parent_short_tokens_and_other_media_are_skipped() {
+    fn unknown_parent_short_tokens_and_unmapped_or_unknown_media_are_skipped() {
         let mut r = ReplicaChains::new(IC_CONTENT_V1, 100);
         let mut out = Vec::new();
         let cpu = EngineEvent::BlockStored {
@@ -331,17 +434,167 @@ mod tests {
             block_size: 4,
             medium: Some("CPU".into()),
         };
+        let unknown = EngineEvent::BlockRemoved {
+            block_hashes: vec![5],
+            medium: Some("TAPE".into()),
+        };
+        // The CPU block was never stored on GPU here: its own value is unknown.
         let s = r.translate(
             &[
                 stored(&[2], Some(77), 0..4),
                 stored(&[3, 4], None, 0..7),
                 cpu,
+                unknown,
             ],
             &mut out,
         );
-        assert_eq!(s.events, 3);
+        assert_eq!(s.events, 4);
         assert!(out.is_empty());
         assert_eq!(r.mappings(), 0);
+    }
+
+    fn on(medium: &str, stored: bool, hashes: &[u64]) -> EngineEvent {
+        if stored {
+            EngineEvent::BlockStored {
+                block_hashes: hashes.to_vec(),
+                parent_block_hash: None,
+                token_ids: Vec::new(),
+                block_size: 4,
+                medium: Some(medium.into()),
+            }
+        } else {
+            EngineEvent::BlockRemoved {
+                block_hashes: hashes.to_vec(),
+                medium: Some(medium.into()),
+            }
+        }
+    }
+
+    #[test]
+    fn an_offload_after_its_gpu_removal_keeps_the_own_value() {
+        let mut r = ReplicaChains::new(IC_CONTENT_V1, 100);
+        let mut out = Vec::new();
+        r.translate(&[stored(&[1, 2], None, 0..8)], &mut out);
+        let own = compute_chain(Scheme::ContentV1, &(0..8).collect::<Vec<_>>(), 4, None).unwrap();
+        out.clear();
+        // vLLM: BlockRemoved GPU, then BlockStored CPU (no tokens).
+        let s = r.translate(&[removed(&[2]), on("CPU", true, &[2])], &mut out);
+        assert_eq!(s, Skipped::default());
+        assert_eq!(
+            out,
+            vec![
+                IndexEvent::Removed {
+                    hashes: vec![own[1]]
+                },
+                IndexEvent::TierStored {
+                    tier: Tier::Cpu,
+                    hashes: vec![own[1]]
+                },
+            ]
+        );
+        assert_eq!(r.mappings(), 2, "the CPU copy holds the mapping again");
+        out.clear();
+        // SGLang's spelling, offloaded while still on GPU; then both go.
+        r.translate(
+            &[
+                on("CPU_PINNED", true, &[1]),
+                on("cpu_pinned", false, &[1]),
+                on("CPU", false, &[2]),
+            ],
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![
+                IndexEvent::TierStored {
+                    tier: Tier::Cpu,
+                    hashes: vec![own[0]]
+                },
+                IndexEvent::TierRemoved {
+                    tier: Tier::Cpu,
+                    hashes: vec![own[0]]
+                },
+                IndexEvent::TierRemoved {
+                    tier: Tier::Cpu,
+                    hashes: vec![own[1]]
+                },
+            ]
+        );
+        assert_eq!(r.mappings(), 1, "block 1 is still on GPU");
+    }
+
+    /// Media as the engines' own msgpack carries them: vLLM's array generation
+    /// (`"CPU"`) and SGLang's map generation (`"CPU_PINNED"`), pass-through scheme.
+    #[test]
+    fn media_in_both_wire_shapes_become_tiers() {
+        use rmpv::Value;
+        let ints = |xs: &[u64]| Value::Array(xs.iter().map(|&x| Value::from(x)).collect());
+        let map = |kv: Vec<(&str, Value)>| {
+            Value::Map(kv.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+        };
+        let events = Value::Array(vec![
+            // vLLM: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]
+            Value::Array(vec![
+                Value::from("BlockStored"),
+                ints(&[11, 12]),
+                Value::Nil,
+                ints(&[]),
+                Value::from(16),
+                Value::Nil,
+                Value::from("CPU"),
+            ]),
+            Value::Array(vec![
+                Value::from("BlockRemoved"),
+                ints(&[11]),
+                Value::from("CPU"),
+            ]),
+            // SGLang: tagged maps.
+            map(vec![
+                ("type", Value::from("BlockStored")),
+                ("block_hashes", ints(&[21])),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", ints(&(0..16).collect::<Vec<_>>())),
+                ("block_size", Value::from(16)),
+                ("medium", Value::from("CPU_PINNED")),
+            ]),
+            map(vec![
+                ("type", Value::from("BlockRemoved")),
+                ("block_hashes", ints(&[21])),
+                ("medium", Value::from("CPU_PINNED")),
+            ]),
+            map(vec![
+                ("type", Value::from("BlockStored")),
+                ("block_hashes", ints(&[31])),
+                ("token_ids", ints(&(0..16).collect::<Vec<_>>())),
+                ("block_size", Value::from(16)),
+                ("medium", Value::from("DISK")),
+            ]),
+        ]);
+        let batch = Value::Array(vec![Value::F64(1.0), events, Value::Nil]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &batch).unwrap();
+        let decoded = crate::adapters::kv_events::decode::decode_batch(&bytes).unwrap();
+        let mut r = ReplicaChains::new(VLLM_SHA256_CBOR, 100);
+        let mut out = Vec::new();
+        assert_eq!(r.translate(&decoded.events, &mut out), Skipped::default());
+        let tier = |tier, stored: bool, h: &[u64]| {
+            let hashes = h.to_vec();
+            if stored {
+                IndexEvent::TierStored { tier, hashes }
+            } else {
+                IndexEvent::TierRemoved { tier, hashes }
+            }
+        };
+        assert_eq!(
+            out,
+            vec![
+                tier(Tier::Cpu, true, &[11, 12]),
+                tier(Tier::Cpu, false, &[11]),
+                tier(Tier::Cpu, true, &[21]),
+                tier(Tier::Cpu, false, &[21]),
+                tier(Tier::Disk, true, &[31]),
+            ]
+        );
     }
 
     #[test]

@@ -385,3 +385,71 @@ fn bad_load_tuning_is_rejected_with_its_field() {
     let e = load_err(&[("p.yaml", &policy("{loadAwareness: Sometimes}"))]);
     assert!(e.contains("loadAwareness"), "{e}");
 }
+
+#[test]
+fn data_parallel_ranks_load_from_yaml_and_bad_sizes_are_named() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write(
+        "b.yaml",
+        "apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {name: llama, namespace: team-a}
+spec:
+  engine: vLLM
+  modelID: m
+  hashScheme: s
+  dataParallelSize: 2
+  kvEvents: {port: 5557, replayPort: 5558}
+  endpoints:
+  - {id: r1, address: '127.0.0.1:9001'}
+  - {id: r2, address: '127.0.0.1:9002', dataParallelSize: 4,
+     kvEventsEndpoint: 'tcp://127.0.0.1:6000', kvReplayEndpoint: 'tcp://127.0.0.1:6100'}
+",
+    );
+    let loaded = load(dir.path()).unwrap();
+    let r = &loaded.snapshot.backends()[0].replicas;
+    assert_eq!((r[0].data_parallel_size, r[1].data_parallel_size), (2, 4));
+    assert_eq!(
+        r[1].kv_replay_endpoint.as_deref(),
+        Some("tcp://127.0.0.1:6100")
+    );
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        (
+            "b.yaml",
+            &BACKEND.replace("hashScheme: s", "hashScheme: s\n  dataParallelSize: 300"),
+        ),
+    ]);
+    assert!(e.contains("spec.dataParallelSize"), "{e}");
+}
+
+#[test]
+fn tier_weights_load_from_yaml_and_out_of_range_is_named() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write(
+        "p.yaml",
+        &policy("{tierWeights: {cpu: \"0.75\", disk: \"0\"}}"),
+    );
+    let loaded = load(dir.path()).unwrap();
+    let w = loaded.snapshot.tenant("acme").policy.tier_weights;
+    assert_eq!((w.cpu, w.disk), (0.75, 0.0));
+    // Omitted: the defaults (CPU 0.8, disk 0.25).
+    dir.write("p.yaml", &policy("{tierWeights: {}}"));
+    let w = load(dir.path())
+        .unwrap()
+        .snapshot
+        .tenant("acme")
+        .policy
+        .tier_weights;
+    assert_eq!((w.cpu, w.disk), (0.8, 0.25));
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{tierWeights: {disk: \"2\"}}")),
+    ]);
+    assert!(
+        e.contains("spec.tierWeights.disk: 2 is outside 0..1"),
+        "{e}"
+    );
+}

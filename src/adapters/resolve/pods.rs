@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
 use super::DEFAULT_NAMESPACE;
+use crate::adapters::kv_events::ranks;
 use crate::core::snapshot::DeclaredReplica;
 use crate::crd::cache_backend::CacheBackendSpec;
 
@@ -49,6 +50,8 @@ pub fn discovered(
         });
     };
     let kv = spec.kv_events.as_ref();
+    let data_parallel_size =
+        ranks::declared_size(spec, None).clamp(1, ranks::MAX_DATA_PARALLEL_SIZE) as u32;
     let empty = Default::default();
     let mut replicas: Vec<DeclaredReplica> = pods
         .iter()
@@ -71,6 +74,7 @@ pub fn discovered(
                     .filter(|k| k.port.is_some())
                     .and_then(|k| k.replay_port)
                     .map(|p| format!("tcp://{host}:{p}")),
+                data_parallel_size,
             })
         })
         .collect();

@@ -253,6 +253,56 @@ fn backend_gets_its_namespace_scope_and_static_replicas() {
 }
 
 #[test]
+fn data_parallel_sizes_and_own_replay_endpoints_reach_the_snapshot() {
+    let r = resolve(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        &[backend(
+            "team-a",
+            "llama",
+            json!({
+                "engine": "vLLM", "modelID": "m", "hashScheme": "s", "dataParallelSize": 4,
+                "kvEvents": {"port": 5557, "replayPort": 5558},
+                "endpoints": [
+                    {"id": "r1", "address": "10.0.0.1:8000"},
+                    {"id": "r2", "address": "10.0.0.2:8000", "dataParallelSize": 1,
+                     "kvEventsEndpoint": "tcp://10.9.9.9:6000",
+                     "kvReplayEndpoint": "tcp://10.9.9.8:7000"},
+                ],
+            }),
+        )],
+    );
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let b = &r.snapshot.backends()[0];
+    assert_eq!(b.replicas[0].data_parallel_size, 4);
+    assert_eq!(b.replicas[1].data_parallel_size, 1);
+    assert_eq!(
+        b.replicas[1].kv_replay_endpoint.as_deref(),
+        Some("tcp://10.9.9.8:7000")
+    );
+    // The last rank would publish above port 65535: rejected, by field.
+    let r = resolve(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        &[backend(
+            "team-a",
+            "llama",
+            json!({
+                "engine": "vLLM", "modelID": "m", "hashScheme": "s", "dataParallelSize": 8,
+                "kvEvents": {"port": 65530},
+                "endpoints": [{"id": "r1", "address": "10.0.0.1:8000"}],
+            }),
+        )],
+    );
+    assert!(r.snapshot.backends().is_empty());
+    let m = messages(&r);
+    assert!(
+        m[0].starts_with("CacheBackend team-a/llama: spec.kvEvents.port: 65530 + data-parallel ranks reaches port 65537"),
+        "{m:?}"
+    );
+}
+
+#[test]
 fn backend_without_tenant_or_with_bad_endpoints_is_rejected() {
     let spec = json!({"engine": "SGLang", "modelID": "m", "hashScheme": "s",
         "endpoints": [{"id": "r", "address": "nohost"}, {"id": "r", "address": "h:1"}]});

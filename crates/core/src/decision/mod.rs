@@ -89,7 +89,21 @@ pub fn decide(
     // replica they went to until its engine confirms them (`index/pending.rs`).
     let load_aware = policy.load_awareness.is_enabled();
     let has_seed = chain.is_present() || !req.prefix_hash.is_empty();
-    let ranking = if chain.is_present() {
+    // Memory tiers cost nothing until a replica of the scope reports a block in one.
+    let tiered = policy.tier_weights.any_lower() && scope_index.has_lower_tiers();
+    let ranking = if chain.is_present() && tiered {
+        let weights = policy.tier_weights.by_code();
+        match scope_index.match_chain_tiered(chain.hashes, &serving, now, ttl, deadline, weights) {
+            Ok(mut m) => {
+                if load_aware {
+                    let pending = &scope_index.pending;
+                    pending.extend_runs(chain.hashes, serving.members(), &mut m.runs, now);
+                }
+                rank::rank_chain_tiered(&m.runs, &m.lower, chain.token_counts, floors)
+            }
+            Err(_) => return none(ReasonCode::Timeout),
+        }
+    } else if chain.is_present() {
         match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
             Ok(mut runs) => {
                 if load_aware {

@@ -45,6 +45,20 @@ fn clamp_u32(v: u64) -> u32 {
 /// Ranks the chain path. `runs[member]` is m_r (members in replica-id order);
 /// `token_counts` the request's.
 pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> Ranking {
+    rank_chain_tiered(runs, &[], token_counts, floors)
+}
+
+/// [`rank_chain`] with memory tiers: `lower` lists (member, block, weight) for
+/// the blocks of a member's run it holds only in a slower tier; such a block adds
+/// `weight` × its GPU share to the score (`h_i` counts every holder, whatever
+/// the tier). Matched tokens count the blocks whole: they are cached. With no
+/// lower blocks this is `rank_chain` exactly.
+pub(crate) fn rank_chain_tiered(
+    runs: &[u32],
+    lower: &[(usize, u32, f64)],
+    token_counts: &[u32],
+    floors: Floors,
+) -> Ranking {
     let n = runs.len();
     let max_run = runs.iter().copied().max().unwrap_or(0) as usize;
     if max_run == 0 || n == 0 {
@@ -84,6 +98,20 @@ pub(crate) fn rank_chain(runs: &[u32], token_counts: &[u32], floors: Floors) -> 
             matched_tokens: clamp_u32(tokens),
             matched_blocks: m,
         });
+    }
+    if !lower.is_empty() {
+        let mut row_of = vec![usize::MAX; n];
+        for (at, r) in rows.iter().enumerate() {
+            row_of[r.member] = at;
+        }
+        for &(member, block, weight) in lower {
+            let (b, at) = (block as usize, row_of.get(member).copied());
+            if let Some(r) = at.and_then(|at| rows.get_mut(at))
+                && b + 1 < prefix.len()
+            {
+                r.score -= (1.0 - weight) * (prefix[b + 1].0 - prefix[b].0);
+            }
+        }
     }
     finish(&mut rows, floors)
 }

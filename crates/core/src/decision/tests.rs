@@ -32,6 +32,7 @@ mod lifecycle;
 mod load;
 mod pending;
 mod ranking;
+mod tiers;
 
 // ----- fixtures -----
 
@@ -144,6 +145,7 @@ fn backend(replicas: &[(&str, &str)]) -> BackendDecl {
                 address: (*address).into(),
                 kv_events_endpoint: None,
                 kv_replay_endpoint: None,
+                data_parallel_size: 1,
             })
             .collect(),
     }

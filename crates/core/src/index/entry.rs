@@ -8,6 +8,26 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::event::Tier;
+
+/// A holder's slot carries its tier in the top two bits: 0 is the GPU pool, so
+/// a GPU holder's slot is the replica's slot and the lookup's GPU walk never sees
+/// a lower tier (such a holder is outside every slot bitset). Replica slots stay
+/// below 2^30.
+const TIER_SHIFT: u32 = 30;
+pub(crate) const SLOT_MASK: u32 = (1 << TIER_SHIFT) - 1;
+
+/// The holder slot of `slot`'s copy in `tier`.
+pub(crate) fn tier_slot(slot: u32, tier: Tier) -> u32 {
+    (slot & SLOT_MASK) | tier.code() << TIER_SHIFT
+}
+
+/// `(replica slot, tier code)` of a holder slot (code 0 = GPU).
+#[inline]
+pub(crate) fn split_slot(holder: u32) -> (u32, u32) {
+    (holder & SLOT_MASK, holder >> TIER_SHIFT)
+}
+
 /// A replica (by its slot in the scope's replica table) and how many times it has
 /// stored the hash without removing it. Engines do not deduplicate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,6 +27,36 @@ pub enum IndexEvent {
         prefix_hash: String,
         token_count: u32,
     },
+    /// Blocks (already chained hashes) the replica keeps in a slower tier, e.g.
+    /// offloaded to CPU memory. They count with the tier's policy weight.
+    TierStored {
+        tier: Tier,
+        hashes: Vec<u64>,
+    },
+    /// Blocks that left a slower tier.
+    TierRemoved {
+        tier: Tier,
+        hashes: Vec<u64>,
+    },
+}
+
+/// A memory tier below the GPU pool (the GPU pool is what `Stored` speaks of).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Host memory (vLLM `medium: "CPU"`, SGLang `CPU_PINNED`).
+    Cpu,
+    /// Local disk or another storage backend.
+    Disk,
+}
+
+impl Tier {
+    /// Its code in a holder's slot (see `entry.rs`).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Self::Cpu => 1,
+            Self::Disk => 2,
+        }
+    }
 }
 
 impl IndexEvent {
@@ -41,7 +71,9 @@ impl IndexEvent {
                 !hashes.is_empty()
                     && (token_counts.is_empty() || token_counts.len() == hashes.len())
             }
-            Self::Removed { hashes } => !hashes.is_empty(),
+            Self::Removed { hashes }
+            | Self::TierStored { hashes, .. }
+            | Self::TierRemoved { hashes, .. } => !hashes.is_empty(),
             Self::Cleared => true,
             Self::PrefixStored { prefix_hash, .. } => !prefix_hash.is_empty(),
         }

@@ -2,6 +2,7 @@
 //! clears, and the engine statistics a replica reports.
 
 use super::Index;
+use super::entry::tier_slot;
 use super::event::{IndexEvent, IngestBatch, IngestError, IngestOutcome, StatsReport};
 use super::replica::ReplicaLive;
 use super::scope::{self, ScopeIndex};
@@ -66,6 +67,26 @@ impl Index {
                 IndexEvent::Removed { hashes } => {
                     Counters::add(&self.counters.removed_blocks, hashes.len() as u64);
                     let removed = scope.remove_blocks(slot, &live, hashes);
+                    self.sub_entries(&tenant, removed);
+                }
+                IndexEvent::TierStored { tier, hashes } => {
+                    // A lower tier's copy is a holder of its own (`entry.rs`);
+                    // it neither confirms pending chains nor counts in prefixCount.
+                    scope.note_lower_tier();
+                    let tier_live = ReplicaLive::default();
+                    let at = Target {
+                        slot: tier_slot(slot, *tier),
+                        live: &tier_live,
+                        ..target
+                    };
+                    self.store_blocks(&at, &mut writer, None, hashes);
+                }
+                IndexEvent::TierRemoved { tier, hashes } => {
+                    let removed = scope.remove_blocks(
+                        tier_slot(slot, *tier),
+                        &ReplicaLive::default(),
+                        hashes,
+                    );
                     self.sub_entries(&tenant, removed);
                 }
                 IndexEvent::Cleared => {

@@ -51,7 +51,9 @@ use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
-pub use event::{IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport};
+pub use event::{
+    IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport, Tier,
+};
 pub use pending::{MAX_PENDING_BLOCKS, PENDING_TTL_NANOS};
 pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;

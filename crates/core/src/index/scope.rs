@@ -16,14 +16,15 @@
 //! a bounded sweep batch, or one scan chunk, whatever the scope's size.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
-use super::entry::{Entry, Holders, Release};
+use super::entry::{Entry, Holders, Release, split_slot, tier_slot};
+use super::event::Tier;
 use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
@@ -72,6 +73,17 @@ pub struct ScopeIndex {
     round_robin: AtomicUsize,
     /// Chains just routed here, held until the engine confirms (`pending.rs`).
     pub(crate) pending: Pending,
+    /// Set for good once a replica reports a block in a lower tier: until then
+    /// lookups take the GPU-only walk, and pay nothing for tiers.
+    lower_tiers: AtomicBool,
+}
+
+/// A chain's match with memory tiers: per serving member its run through blocks
+/// held on any weighted tier, and the blocks of those runs it holds only in a
+/// lower tier, as (member, block index, that tier's weight).
+pub(crate) struct TieredMatch {
+    pub runs: SmallVec<[u32; 32]>,
+    pub lower: Vec<(usize, u32, f64)>,
 }
 
 impl ScopeIndex {
@@ -85,6 +97,7 @@ impl ScopeIndex {
             last_store: AtomicU64::new(0),
             round_robin: AtomicUsize::new(0),
             pending: Pending::default(),
+            lower_tiers: AtomicBool::new(false),
         }
     }
 
@@ -401,8 +414,11 @@ impl ScopeIndex {
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
         self.pending.forget_slot(slot);
         let mut keys = Vec::new();
+        // Every tier of the replica goes (its GPU slot and its lower-tier slots).
+        let tiers = [Tier::Cpu, Tier::Disk].map(|t| tier_slot(slot, t));
+        let lower = self.has_lower_tiers();
         self.scan(|k, e| {
-            if e.holders.contains(slot) {
+            if e.holders.contains(slot) || (lower && tiers.iter().any(|&t| e.holders.contains(t))) {
                 keys.push(k.to_owned());
             }
         });
@@ -413,7 +429,13 @@ impl ScopeIndex {
                 let Some(e) = store.get_mut(key) else {
                     continue;
                 };
-                if e.holders.remove_all(slot) && e.holders.is_empty() {
+                let mut held = e.holders.remove_all(slot);
+                if lower {
+                    for &t in &tiers {
+                        held |= e.holders.remove_all(t);
+                    }
+                }
+                if held && e.holders.is_empty() {
                     store.take(key);
                     removed += 1;
                 }
@@ -533,6 +555,108 @@ impl ScopeIndex {
             .iter()
             .map(|&slot| slot_runs[slot as usize])
             .collect())
+    }
+
+    pub(crate) fn note_lower_tier(&self) {
+        if !self.lower_tiers.load(Ordering::Relaxed) {
+            self.lower_tiers.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether any replica ever reported a lower-tier block here.
+    pub(crate) fn has_lower_tiers(&self) -> bool {
+        self.lower_tiers.load(Ordering::Relaxed)
+    }
+
+    /// [`Self::match_chain`] with memory tiers: a block counts for a member when
+    /// it holds it in any tier whose weight (`weights[code]`, GPU = code 0 = 1.0)
+    /// is positive. Per block it visits every holder, so it is slower than the
+    /// GPU walk; it runs only in scopes with lower-tier blocks.
+    pub(crate) fn match_chain_tiered(
+        &self,
+        chain: &[u64],
+        serving: &ServingSet,
+        now: u64,
+        ttl: u64,
+        deadline: Option<Instant>,
+        weights: [f64; 3],
+    ) -> Result<TieredMatch, Timeout> {
+        let n = serving.len();
+        let mut out = TieredMatch {
+            runs: SmallVec::from_elem(0, n),
+            lower: Vec::new(),
+        };
+        if n == 0 || chain.is_empty() {
+            return Ok(out);
+        }
+        let store = self.read_within(deadline)?;
+        // slot → member + 1 (0: not serving), built once per lookup.
+        let members = serving.members();
+        let width = members.iter().map(|&s| s as usize + 1).max().unwrap_or(0);
+        let mut member_of: SmallVec<[u16; 64]> = SmallVec::from_elem(0, width);
+        for (m, &slot) in members.iter().enumerate() {
+            member_of[slot as usize] = m as u16 + 1;
+        }
+        // Members whose run is still going; after block 0 usually a few.
+        let mut alive: SmallVec<[u16; 32]> = (0..n as u16).collect();
+        let mut best: SmallVec<[f64; 32]> = SmallVec::from_elem(0.0, n);
+        let mut timed_out = false;
+        store.walk(chain, |i, e| {
+            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+                timed_out = true;
+                return false;
+            }
+            if !e.is_fresh(now, ttl) {
+                return false;
+            }
+            // Only GPU holders in slots 0..64 (most entries): one mask test each.
+            if let Some(mask) = e.holders.low_mask() {
+                alive.retain(|m| {
+                    let held = mask & (1u64 << (members[*m as usize] % 64)) != 0
+                        && members[*m as usize] < 64;
+                    if held {
+                        out.runs[*m as usize] = i as u32 + 1;
+                    }
+                    held
+                });
+                return !alive.is_empty();
+            }
+            for holder in e.holders.slots() {
+                let (slot, code) = split_slot(holder);
+                let w = weights.get(code as usize).copied().unwrap_or(0.0);
+                match member_of.get(slot as usize) {
+                    Some(&m) if m > 0 && w > 0.0 => {
+                        let b = &mut best[m as usize - 1];
+                        *b = b.max(w);
+                    }
+                    _ => {}
+                }
+            }
+            alive.retain(|m| {
+                let m = *m as usize;
+                let w = std::mem::take(&mut best[m]);
+                if w > 0.0 {
+                    out.runs[m] = i as u32 + 1;
+                    if w < 1.0 {
+                        out.lower.push((m, i as u32, w));
+                    }
+                }
+                w > 0.0
+            });
+            // Holders that were not alive leave their weight behind: clear it.
+            for holder in e.holders.slots() {
+                if let Some(&m) = member_of.get(split_slot(holder).0 as usize)
+                    && m > 0
+                {
+                    best[m as usize - 1] = 0.0;
+                }
+            }
+            !alive.is_empty()
+        });
+        if timed_out {
+            return Err(Timeout);
+        }
+        Ok(out)
     }
 
     /// The serving members holding a legacy prefix, and its stored token count.

@@ -129,14 +129,22 @@ struct Engine {
 
 impl Engine {
     async fn start(shape: Shape, hold_reply: Option<(u64, Vec<u8>)>) -> Self {
-        let mut publisher = PubSocket::new();
-        let endpoint = publisher
-            .bind("tcp://127.0.0.1:0")
+        Self::start_on(shape, hold_reply, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
             .await
             .unwrap()
-            .to_string();
+    }
+
+    /// An engine on the given endpoints; `Err` when one is taken.
+    async fn start_on(
+        shape: Shape,
+        hold_reply: Option<(u64, Vec<u8>)>,
+        events_at: &str,
+        replay_at: &str,
+    ) -> Result<Self, zeromq::ZmqError> {
+        let mut publisher = PubSocket::new();
+        let endpoint = publisher.bind(events_at).await?.to_string();
         let mut router = RouterSocket::new();
-        let replay_endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let replay_endpoint = router.bind(replay_at).await?.to_string();
         let buffer: Arc<parking_lot::Mutex<BTreeMap<u64, Vec<u8>>>> = Arc::default();
         let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (buf, reqs) = (buffer.clone(), requests.clone());
@@ -168,14 +176,14 @@ impl Engine {
                     .unwrap();
             }
         });
-        Self {
+        Ok(Self {
             publisher,
             endpoint,
             replay_endpoint,
             buffer,
             requests,
             seq: 0,
-        }
+        })
     }
 
     /// Buffers a batch without delivering it (sent before anyone listened).
@@ -220,6 +228,8 @@ fn config(endpoint: &str, replay: Option<&str>) -> SubscriberConfig {
         queue_capacity: 64,
         replay_timeout: Duration::from_secs(2),
         max_mappings: 1 << 20,
+        rank: 0,
+        ranks: 1,
     }
 }
 
@@ -413,6 +423,8 @@ async fn close_ends_both_tasks_cleanly_even_while_reconnecting() {
         queue_capacity: 4,
         replay_timeout: Duration::from_secs(1),
         max_mappings: 16,
+        rank: 0,
+        ranks: 1,
     };
     let sub = Subscriber::spawn(config, router, metrics);
     tokio::time::sleep(Duration::from_millis(120)).await;
@@ -422,4 +434,182 @@ async fn close_ends_both_tasks_cleanly_even_while_reconnecting() {
         "both tasks end on their own"
     );
     assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// A rank's view of its events: stores are counted, removals of blocks it does
+/// not hold are dropped, a clear becomes the removal of what it holds.
+#[test]
+fn a_rank_touches_only_its_own_references() {
+    let mut rank = RankBlocks::default();
+    let stored = |h: &[u64]| IndexEvent::Stored {
+        parent: None,
+        hashes: h.to_vec(),
+        token_counts: vec![],
+    };
+    let removed = |h: &[u64]| IndexEvent::Removed { hashes: h.to_vec() };
+    let mut events = vec![stored(&[1, 1, 2]), removed(&[1, 3]), removed(&[4])];
+    rank.scope(&mut events);
+    assert_eq!(events, vec![stored(&[1, 1, 2]), removed(&[1])]);
+    let mut events = vec![IndexEvent::Cleared, stored(&[5])];
+    rank.scope(&mut events);
+    let IndexEvent::Removed { hashes } = &mut events[0] else {
+        panic!("{events:?}")
+    };
+    hashes.sort_unstable();
+    assert_eq!(events, vec![removed(&[1, 2]), stored(&[5])]);
+    // Nothing held: a clear (a warm start, a restart) sends nothing.
+    let mut events = vec![removed(&[5]), IndexEvent::Cleared];
+    rank.scope(&mut events);
+    assert_eq!(events, vec![removed(&[5])]);
+    // Lower tiers are the rank's too: its clear removes them there.
+    let cpu = |stored: bool, h: &[u64]| match stored {
+        true => IndexEvent::TierStored {
+            tier: Tier::Cpu,
+            hashes: h.to_vec(),
+        },
+        false => IndexEvent::TierRemoved {
+            tier: Tier::Cpu,
+            hashes: h.to_vec(),
+        },
+    };
+    let mut events = vec![cpu(true, &[8]), cpu(false, &[9]), IndexEvent::Cleared];
+    rank.scope(&mut events);
+    assert_eq!(events, vec![cpu(true, &[8]), cpu(false, &[8])]);
+}
+
+/// `["AllBlocksCleared"]` alone, vLLM's array generation.
+fn cleared_batch() -> Vec<u8> {
+    let events = Value::Array(vec![Value::Array(vec![Value::from("AllBlocksCleared")])]);
+    let v = Value::Array(vec![Value::F64(1.0), events, Value::from(1)]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &v).unwrap();
+    out
+}
+
+/// Two engines as data-parallel ranks 0 and 1 of one pod: rank 1's sockets on
+/// the ports right above rank 0's.
+async fn rank_pair() -> (Engine, Engine) {
+    loop {
+        let rank0 = Engine::start(Shape::Current, None).await;
+        let up = |e: &str| super::super::ranks::rank_endpoint(e, 1).unwrap();
+        let rank1 = Engine::start_on(
+            Shape::Current,
+            None,
+            &up(&rank0.endpoint),
+            &up(&rank0.replay_endpoint),
+        )
+        .await;
+        if let Ok(rank1) = rank1 {
+            return (rank0, rank1);
+        }
+    }
+}
+
+/// Publishes harmless batches until the subscriber has one (PUB drops until the
+/// subscription is in).
+async fn until_subscribed(engine: &mut Engine, metrics: &KvEventMetrics) {
+    wait_for("the warm start", || {
+        engine.requests.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
+    while metrics.batches() == 0 {
+        engine.publish(batch(&[], &[999])).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A replica with two data-parallel ranks: the supervisor follows port + r and
+/// replay port + r; both ranks' blocks form the replica; rank 1's removals, its
+/// `AllBlocksCleared` and its restart touch only rank 1's blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_feed_one_replica_and_clear_only_their_own_blocks() {
+    use crate::adapters::kv_events::supervisor::Subscribers;
+    use crate::core::snapshot::{BackendDecl, DeclaredReplica};
+    let (mut rank0, mut rank1) = rank_pair().await;
+    let scope = ScopeRef::new("t", "m", "engine-raw").to_owned();
+    let snapshot = PolicySnapshot::new(
+        Default::default(),
+        Vec::new(),
+        vec![BackendDecl {
+            namespace: "ns".into(),
+            name: "b".into(),
+            scope: scope.clone(),
+            engine: "vLLM".into(),
+            block_size: 4,
+            kv_events_topic: "kv".into(),
+            replicas: vec![DeclaredReplica {
+                id: "r0".into(),
+                address: "10.0.0.1:8000".into(),
+                kv_events_endpoint: Some(rank0.endpoint.clone()),
+                kv_replay_endpoint: Some(rank0.replay_endpoint.clone()),
+                data_parallel_size: 2,
+            }],
+        }],
+    );
+    let wanted = Subscribers::wanted(&snapshot);
+    let follows: Vec<(u32, u32, &str, Option<&str>)> = wanted
+        .iter()
+        .map(|c| {
+            (
+                c.rank,
+                c.ranks,
+                c.endpoint.as_str(),
+                c.replay_endpoint.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        follows,
+        [
+            (
+                0,
+                2,
+                rank0.endpoint.as_str(),
+                Some(rank0.replay_endpoint.as_str())
+            ),
+            (
+                1,
+                2,
+                rank1.endpoint.as_str(),
+                Some(rank1.replay_endpoint.as_str())
+            ),
+        ]
+    );
+    let router = router();
+    let (m0, m1) = (
+        Arc::new(KvEventMetrics::default()),
+        Arc::new(KvEventMetrics::default()),
+    );
+    let mut configs = wanted.into_iter();
+    let _s0 = Subscriber::spawn(configs.next().unwrap(), router.clone(), m0.clone());
+    let _s1 = Subscriber::spawn(configs.next().unwrap(), router.clone(), m1.clone());
+    until_subscribed(&mut rank0, &m0).await;
+    until_subscribed(&mut rank1, &m1).await;
+
+    rank0.publish(batch(&[1, 2, 3], &[])).await;
+    rank1.publish(batch(&[3, 4], &[])).await;
+    wait_for("both ranks' blocks", || entries(&router) == 4).await;
+    // Rank 1 drops block 3 (rank 0 still holds it) and names block 1, which it
+    // never held: neither may release rank 0's reference.
+    rank1.publish(batch(&[], &[3, 1])).await;
+    rank1.publish(batch(&[5], &[])).await;
+    wait_for("rank 1's removal and store", || entries(&router) == 5).await;
+    // Rank 1 clears its cache: its 4 and 5 go, rank 0's 1, 2, 3 stay.
+    rank1.publish(cleared_batch()).await;
+    wait_for("rank 1's AllBlocksCleared", || entries(&router) == 3).await;
+    rank1.publish(batch(&[6], &[])).await;
+    wait_for("rank 1's next block", || entries(&router) == 4).await;
+    // Rank 1 restarts (seq back to 0): its 6 goes, its new 7 and 8 come.
+    rank1.seq = 0;
+    rank1.buffer.lock().clear();
+    rank1.publish(batch(&[7, 8], &[])).await;
+    wait_for("rank 1's restart", || entries(&router) == 5).await;
+    // Rank 0 followed along untouched: its stream saw no gap and no restart.
+    assert_eq!(m0.gaps(), 0);
+    assert_eq!(m1.gaps(), 0);
+    rank0.publish(batch(&[], &[1, 2, 3])).await;
+    wait_for("rank 0's removals: only rank 1's 7 and 8 left", || {
+        entries(&router) == 2
+    })
+    .await;
 }
