@@ -53,6 +53,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -108,6 +113,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     decision_latency: Family<PathLabels, Histogram>,
     load_spills: Family<ReasonLabels, Counter>,
+    body_requests: Family<OutcomeLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
     caller_calls: Family<CallerCallLabels, Counter>,
@@ -143,6 +149,13 @@ impl Metrics {
             "load_spills",
             "Routed requests the load rule moved off the cache's first choice, by reason code",
             load_spills.clone(),
+        );
+        let body_requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "body_requests",
+            "Requests decided on their body (body mode), by outcome: routed, or the \
+             reason the body gave no chain (body_too_large, invalid_json, ...)",
+            body_requests.clone(),
         );
         let ingest_calls = Family::<RpcLabels, Counter>::default();
         registry.register(
@@ -206,6 +219,7 @@ impl Metrics {
             decisions,
             decision_latency,
             load_spills,
+            body_requests,
             ingest_calls,
             ingest_events,
             caller_calls,
@@ -289,6 +303,16 @@ impl Metrics {
                 path: path.as_str(),
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A request held for its body was decided: `miss` is why the body gave no
+    /// chain (`BodyMiss::reason`), `None` when it did.
+    pub fn record_body(&self, miss: Option<&'static str>) {
+        self.body_requests
+            .get_or_create(&OutcomeLabels {
+                outcome: miss.unwrap_or("routed"),
+            })
+            .inc();
     }
 
     /// A routed request the load rule moved (`x-inferencecache-spilled-from`).

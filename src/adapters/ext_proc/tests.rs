@@ -460,3 +460,5 @@ fn unequal_chain_headers_follow_the_tenant_policy() {
         verdict.debug_echo
     );
 }
+
+mod body;
