@@ -17,9 +17,6 @@ pub struct HeldRequest {
     pub path: String,
     pub parsed: RoutingHeaders,
     pub subset: Option<Vec<String>>,
-    /// The client's own `content-length`, restored once Envoy has removed it
-    /// (streamed body modes drop it; the body is unchanged, so it stays true).
-    pub content_length: Option<String>,
     pub body: Vec<u8>,
     pub limit: usize,
 }
@@ -40,13 +37,12 @@ impl HeldRequest {
         path: String,
         parsed: RoutingHeaders,
         subset: Option<Vec<String>>,
-        content_length: Option<String>,
+        content_length: Option<&str>,
         limit: usize,
     ) -> Self {
         // Sized once from the declared length when it fits (no regrowth), never
         // beyond the limit whatever the client claims.
         let hint = content_length
-            .as_deref()
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0)
             .min(limit);
@@ -54,7 +50,6 @@ impl HeldRequest {
             path,
             parsed,
             subset,
-            content_length,
             body: Vec::with_capacity(hint),
             limit,
         }
@@ -101,7 +96,7 @@ mod tests {
             "/v1/completions".into(),
             RoutingHeaders::parse(std::iter::empty()),
             None,
-            Some("10".into()),
+            Some("10"),
             limit,
         )
     }
@@ -131,7 +126,7 @@ mod tests {
             "/".into(),
             RoutingHeaders::parse(std::iter::empty()),
             None,
-            Some("99999999999".into()),
+            Some("99999999999"),
             1024,
         );
         assert!(h.body.capacity() <= 1024);

@@ -223,7 +223,7 @@ impl ExtProc {
                 path.unwrap_or("").to_string(),
                 parsed,
                 subset,
-                header_text(h.headers.as_ref(), "content-length").map(String::from),
+                header_text(h.headers.as_ref(), "content-length"),
                 router.max_body_bytes(),
             );
             stream.held = Some(Box::new(held));
@@ -239,8 +239,7 @@ impl ExtProc {
             body_miss: None,
         };
         let fdx = body_mode == Some(BodySendMode::FullDuplexStreamed);
-        let reply = self.decide(&input, stream, !fdx, Placement::Headers);
-        out.push(reply);
+        out.push(self.decide(&input, stream, !fdx, Placement::Headers));
     }
 
     /// A request body chunk (or, in BUFFERED mode, the whole body).
@@ -300,7 +299,6 @@ impl ExtProc {
             path,
             parsed,
             subset,
-            content_length,
             body,
             ..
         } = *held;
@@ -332,15 +330,10 @@ impl ExtProc {
             out.push(self.decide(&input, stream, false, Placement::Body));
             return;
         }
-        let mut reply = self.decide(&input, stream, false, Placement::Headers);
+        let reply = self.decide(&input, stream, false, Placement::Headers);
         if stream.closed {
             out.push(reply);
             return;
-        }
-        if let (Some(Reply::RequestHeaders(h)), Some(len)) = (&mut reply.response, content_length)
-            && let Some(m) = h.response.as_mut().and_then(|c| c.header_mutation.as_mut())
-        {
-            m.set_headers.push(set_header("content-length", &len));
         }
         out.push(reply);
         let parts = held::chunks(body);
