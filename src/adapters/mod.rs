@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod body;
 pub mod drain;
 pub mod engine_metrics;
 pub mod ext_proc;
