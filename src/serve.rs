@@ -29,7 +29,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::ServerTlsConfig;
 use tracing::Instrument;
 
 use crate::adapters::admin::{self, AdminState};
@@ -44,6 +44,7 @@ use crate::adapters::kubernetes::{self, leader::LeaseConfig};
 use crate::adapters::kv_events::supervisor::Subscribers;
 use crate::adapters::metrics::Metrics;
 use crate::adapters::policy_file::{self, SourceStatus};
+use crate::adapters::tls;
 use crate::core::Router;
 use crate::core::index::IndexConfig;
 use crate::core::snapshot::PolicySnapshot;
@@ -89,6 +90,17 @@ pub struct ServeArgs {
     /// gRPC health and reflection. IngestEvents and ReportStats are refused here.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
+    /// PEM certificate (chain) for the --grpc-addr listener: serve ext_proc and
+    /// LookupRoute over TLS (GIE gateways call their endpoint picker over TLS).
+    #[arg(long, value_name = "PATH", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key for --grpc-tls-cert.
+    #[arg(long, value_name = "PATH", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Serve --grpc-addr over TLS with a certificate generated at start (what GIE's
+    /// endpoint picker does; gateways do not verify it). Excludes --grpc-tls-cert.
+    #[arg(long, conflicts_with = "grpc_tls_cert")]
+    pub grpc_tls_self_signed: bool,
     /// Address of the ingest listener: CacheService/IngestEvents and ReportStats
     /// (and gRPC health), behind the optional token and mTLS below and the
     /// per-caller limits.
@@ -281,6 +293,8 @@ pub async fn run_until(
         .map(IngestTokens::load)
         .transpose()?;
     let tls = ingest_tls(&args)?;
+    let grpc_tls = grpc_tls(&args)?;
+    let grpc_tls_on = grpc_tls.is_some();
     if tokens.is_none() && args.ingest_client_ca.is_none() && !args.ingest_addr.ip().is_loopback() {
         tracing::warn!(ingest = %args.ingest_addr,
             "the ingest listener has neither --ingest-token-file nor --ingest-client-ca: \
@@ -336,8 +350,9 @@ pub async fn run_until(
             .follow(Duration::from_millis(args.tokenizer_poll_ms.max(100)))
             .instrument(tracing::info_span!("tokenizers")),
     );
-    // The ext_proc stream's body handling (the epp work) takes this.
-    let _body_router: Arc<dyn crate::adapters::ext_proc::body::BodyRouter> = Arc::new(
+    // The ext_proc stream reads a body only when Envoy sends it (a body mode in
+    // its processing_mode) and this router wants it (no chain header, OpenAI path).
+    let body_router: Arc<dyn crate::adapters::ext_proc::body::BodyRouter> = Arc::new(
         BodyMode::new(router.clone(), tokenizers.clone(), args.max_body_bytes),
     );
 
@@ -352,6 +367,7 @@ pub async fn run_until(
         },
     )
     .with_drain(drain.clone())
+    .with_body_router(body_router)
     .into_server();
     let lookup_api = CacheApi::lookup_only(router.clone(), metrics.clone()).into_server();
     let ingest_api = CacheApi::ingest_only(router.clone(), metrics.clone(), guard).into_server();
@@ -364,7 +380,7 @@ pub async fn run_until(
         .context("building gRPC reflection")?;
 
     tracing::info!(grpc = %args.grpc_addr, ingest = %args.ingest_addr, admin = %args.admin_addr,
-        ingest_tls = tls.is_some(), ingest_mtls = args.ingest_client_ca.is_some(),
+        grpc_tls = grpc_tls_on, ingest_tls = tls.is_some(), ingest_mtls = args.ingest_client_ca.is_some(),
         ingest_tokens = args.ingest_token_file.is_some(),
         mode = %args.destination_mode, policy = %source_name, "serving");
 
@@ -372,8 +388,14 @@ pub async fn run_until(
         let d = d.clone();
         async move { d.started().await }
     };
+    let mut grpc_builder = tonic::transport::Server::builder();
+    if let Some(tls) = grpc_tls {
+        grpc_builder = grpc_builder
+            .tls_config(tls)
+            .context("--grpc-tls-cert/--grpc-tls-key/--grpc-tls-self-signed")?;
+    }
     let mut grpc: JoinHandle<Result<(), tonic::transport::Error>> = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_builder
             .tcp_nodelay(true)
             // Under a burst Envoy resets ext_proc streams it gave up on (message
             // timeout) before we accepted them; hyper's default of 20 such resets
@@ -510,24 +532,29 @@ fn parse_drain_timeout(s: &str) -> Result<Duration, String> {
 
 /// The ingest listener's TLS, from the PEM files the flags name.
 fn ingest_tls(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
-    let read = |flag: &str, path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))
-    };
-    let (Some(cert), Some(key)) = (&args.ingest_tls_cert, &args.ingest_tls_key) else {
-        if args.ingest_client_ca.is_some() {
-            bail!("--ingest-client-ca needs --ingest-tls-cert and --ingest-tls-key");
-        }
-        return Ok(None);
-    };
-    let identity = Identity::from_pem(
-        read("--ingest-tls-cert", cert)?,
-        read("--ingest-tls-key", key)?,
-    );
-    let mut tls = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &args.ingest_client_ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read("--ingest-client-ca", ca)?));
-    }
-    Ok(Some(tls))
+    tls::server_tls(tls::TlsFiles {
+        cert_flag: "--ingest-tls-cert",
+        key_flag: "--ingest-tls-key",
+        cert: args.ingest_tls_cert.as_deref(),
+        key: args.ingest_tls_key.as_deref(),
+        client_ca: args
+            .ingest_client_ca
+            .as_deref()
+            .map(|p| ("--ingest-client-ca", p)),
+        self_signed: false,
+    })
+}
+
+/// The ext_proc / LookupRoute listener's TLS: files, self-signed, or plaintext.
+fn grpc_tls(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
+    tls::server_tls(tls::TlsFiles {
+        cert_flag: "--grpc-tls-cert",
+        key_flag: "--grpc-tls-key",
+        cert: args.grpc_tls_cert.as_deref(),
+        key: args.grpc_tls_key.as_deref(),
+        client_ca: None,
+        self_signed: args.grpc_tls_self_signed,
+    })
 }
 
 /// Kubernetes mode: the watches install snapshots; the Lease holder writes status.

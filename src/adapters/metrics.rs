@@ -58,6 +58,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -115,6 +120,7 @@ pub struct Metrics {
     decision_counters: [[Counter; ReasonCode::ALL.len()]; 2],
     latency_by_path: [LatencyHistogram; 2],
     load_spills: Family<ReasonLabels, Counter>,
+    body_requests: Family<OutcomeLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
     caller_calls: Family<CallerCallLabels, Counter>,
@@ -151,6 +157,13 @@ impl Metrics {
             "load_spills",
             "Routed requests the load rule moved off the cache's first choice, by reason code",
             load_spills.clone(),
+        );
+        let body_requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "body_requests",
+            "Requests decided on their body (body mode), by outcome: routed, or the \
+             reason the body gave no chain (body_too_large, invalid_json, ...)",
+            body_requests.clone(),
         );
         let ingest_calls = Family::<RpcLabels, Counter>::default();
         registry.register(
@@ -224,6 +237,7 @@ impl Metrics {
             decision_counters,
             latency_by_path,
             load_spills,
+            body_requests,
             ingest_calls,
             ingest_events,
             caller_calls,
@@ -301,6 +315,16 @@ impl Metrics {
             c.inc();
         }
         self.latency_by_path[p].observe(elapsed);
+    }
+
+    /// A request held for its body was decided: `miss` is why the body gave no
+    /// chain (`BodyMiss::reason`), `None` when it did.
+    pub fn record_body(&self, miss: Option<&'static str>) {
+        self.body_requests
+            .get_or_create(&OutcomeLabels {
+                outcome: miss.unwrap_or("routed"),
+            })
+            .inc();
     }
 
     /// A routed request the load rule moved (`x-inferencecache-spilled-from`).

@@ -18,7 +18,7 @@
 //! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side; [`ingest`]
 //!   guards the ingest listener (tokens, per-caller limits), [`drain`] is the
 //!   shutdown flag they all read; [`apply`] moves heavy event batches off the
-//!   async workers.
+//!   async workers; [`tls`] holds the listeners' certificates.
 
 pub mod admin;
 pub mod admission;
@@ -34,6 +34,7 @@ pub mod kv_events;
 pub mod metrics;
 pub mod policy_file;
 pub mod resolve;
+pub mod tls;
 
 /// The longest chain (in blocks) a request may carry, on any transport: 65,536
 /// blocks of 16 tokens is a million-token prompt. Longer chains are refused before

@@ -194,6 +194,14 @@ impl Router {
         s.least_loaded(&serving)
     }
 
+    /// The replica ids of `scope` at these `ip:port` endpoints (unknown ones are
+    /// left out): turns a gateway's endpoint subset into `candidate_replicas`.
+    pub fn replicas_at(&self, scope: ScopeRef<'_>, addresses: &[&str]) -> Vec<String> {
+        self.index
+            .scope(scope)
+            .map_or_else(Vec::new, |s| s.replicas_at(addresses))
+    }
+
     /// Periodic upkeep: TTL sweep, quota trims, idle replicas, cap sweep.
     pub fn maintain(&self, now: Timestamp) {
         let snapshot = self.snapshot.load();

@@ -1,23 +1,36 @@
-//! The Envoy ext_proc v3 server (contract §7), headers-only.
+//! The Envoy ext_proc v3 server (contract §7): headers-only, and body mode as the
+//! Gateway API Inference Extension's endpoint-picker protocol uses it.
 //!
 //! ```text
 //!  Envoy ──ProcessingRequest──▶ stream loop ──request headers──▶ headers::RoutingHeaders::parse
+//!                                   │        (+ body, when a BodyRouter wants it: held::HeldRequest)
 //!                                   │                                   │
-//!                                   │                         verdict::Verdict::decide (router)
+//!                                   │                         verdict::Verdict::decide_input (router)
 //!                                   │                                   │
-//!        ◀──ProcessingResponse──────┴──── envoy_reply: header mutation, envoy.lb metadata,
-//!                                          clear_route_cache, or ImmediateResponse 503
+//!        ◀──ProcessingResponse──────┴──── header mutation, envoy.lb metadata, clear_route_cache,
+//!                                          the body streamed back unchanged, or ImmediateResponse 503
 //! ```
 //!
-//! One stream is one HTTP request. The only state kept across its messages is what
-//! to echo on the response headers for a debugging client; when there is nothing
-//! to echo, the reply asks Envoy (via `mode_override`) not to send response headers
-//! at all. Any other message (bodies, trailers) gets an empty "continue" reply, and
-//! a message with nothing in it gets none: the stream never fails on what it does
-//! not use.
+//! One stream is one HTTP request. Headers-only (the fast path): the decision is
+//! the reply to the request headers. Body mode (Envoy's `request_body_mode`,
+//! announced in the first message's `protocol_config`):
+//! - `FULL_DUPLEX_STREAMED`: the headers reply waits until the body is complete
+//!   (its last chunk, or the trailers) or crosses the body router's limit; then the
+//!   headers reply goes out, followed by the held body as `StreamedBodyResponse`
+//!   chunks, byte for byte, and every later chunk is echoed as it comes.
+//! - `BUFFERED`: Envoy sends the body only after the headers reply, so that reply is
+//!   an empty "continue" and the decision rides on the body reply (Envoy still
+//!   holds the headers then and applies its mutation).
+//!
+//! The gateway's endpoint subset (filter metadata, see `subset`) narrows the pick.
+//! What to echo on the response headers for a debugging client is kept across the
+//! stream; a message with nothing in it gets no reply, and the stream never fails
+//! on what it does not use.
 
 pub mod body;
 pub mod headers;
+pub mod held;
+pub mod subset;
 pub mod verdict;
 
 use std::pin::Pin;
@@ -28,11 +41,14 @@ use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
 };
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
-    ProcessingMode, processing_mode::HeaderSendMode,
+    ProcessingMode,
+    processing_mode::{BodySendMode, HeaderSendMode},
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
-    ProcessingRequest, ProcessingResponse, TrailersResponse,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+    TrailersResponse,
+    body_mutation::Mutation,
     external_processor_server::{ExternalProcessor, ExternalProcessorServer},
     processing_request::Request as Message,
     processing_response::Response as Reply,
@@ -47,7 +63,9 @@ use crate::adapters::metrics::Metrics;
 use crate::core::Router;
 use crate::core::load::Inflight;
 use crate::core::time::Timestamp;
+use body::{BodyMiss, BodyRouter};
 use headers::RoutingHeaders;
+use held::{Collect, HeldRequest};
 pub use verdict::{DestinationMode, ExtProcConfig, Verdict};
 
 /// The dynamic metadata namespace and key Envoy's load balancers read the
@@ -62,6 +80,8 @@ pub struct ExtProc {
     metrics: Arc<Metrics>,
     config: Arc<ExtProcConfig>,
     drain: Drain,
+    /// Body mode: turns an OpenAI body into routing fields (None: headers only).
+    body_router: Option<Arc<dyn BodyRouter>>,
 }
 
 /// One open stream, counted in the drain and the `ext_proc_streams` gauge.
@@ -83,7 +103,15 @@ impl ExtProc {
             metrics,
             config: Arc::new(config),
             drain: Drain::new(),
+            body_router: None,
         }
+    }
+
+    /// Reads request bodies the router wants (when Envoy sends them) and decides
+    /// on the chain it makes of them.
+    pub fn with_body_router(mut self, body_router: Arc<dyn BodyRouter>) -> Self {
+        self.body_router = Some(body_router);
+        self
     }
 
     /// Follows `drain`: once it starts, new streams are refused with UNAVAILABLE
@@ -98,38 +126,57 @@ impl ExtProc {
         ExternalProcessorServer::new(self)
     }
 
-    /// Answers one message. `stream` carries what lives from request to response:
-    /// the debug headers to echo and the routed request's in-flight count.
+    /// Answers one message with one reply (the headers-only exchange; tests).
+    #[cfg(test)]
     fn answer(
         &self,
         msg: ProcessingRequest,
         stream: &mut StreamState,
     ) -> Option<ProcessingResponse> {
-        let echo = &mut stream.echo;
-        let reply = match msg.request? {
+        let mut out = Vec::new();
+        self.answer_into(msg, stream, &mut out);
+        assert!(out.len() <= 1, "more than one reply: {out:?}");
+        out.pop()
+    }
+
+    /// Answers one message: none, one or several replies, in the order Envoy must
+    /// get them. `stream` carries what lives from message to message: the body
+    /// modes, a request held for its body, the debug headers to echo and the
+    /// routed request's in-flight count.
+    fn answer_into(
+        &self,
+        msg: ProcessingRequest,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
+        if let Some(pc) = &msg.protocol_config {
+            stream.request_body_mode = BodySendMode::try_from(pc.request_body_mode).ok();
+            stream.response_body_mode = BodySendMode::try_from(pc.response_body_mode).ok();
+        }
+        if stream.closed {
+            // An immediate response ended the exchange; Envoy sends no more.
+            return;
+        }
+        let Some(request) = msg.request else { return };
+        let reply = match request {
             Message::RequestHeaders(h) => {
-                let parsed = RoutingHeaders::parse(header_pairs(h.headers.as_ref()));
-                let (verdict, inflight) = Verdict::decide_and_admit(
-                    &self.router,
-                    &self.metrics,
-                    &self.config,
-                    &parsed,
-                    Timestamp::now(),
-                );
-                *echo = verdict
-                    .debug_echo
-                    .iter()
-                    .map(|(k, v)| set_header(k, v))
-                    .collect();
-                // A counted request needs the response headers (the end of its
-                // prefill) to be released; otherwise skip that round trip.
-                let skip_response = echo.is_empty() && inflight.is_none();
-                stream.inflight = inflight;
-                return Some(self.request_headers_reply(&verdict, skip_response));
+                return self.request_headers(h, msg.metadata_context.as_ref(), stream, out);
+            }
+            Message::RequestBody(b) => return self.request_body(b, stream, out),
+            Message::RequestTrailers(_) => {
+                if let Some(held) = stream.held.take() {
+                    // The trailers say the body is complete (no end_of_stream on it).
+                    self.decide_held(held, false, None, stream, out);
+                    if stream.closed {
+                        return;
+                    }
+                }
+                Reply::RequestTrailers(TrailersResponse::default())
             }
             Message::ResponseHeaders(_) => {
                 // The first byte of the response: prefill is over.
                 stream.inflight = None;
+                let echo = &mut stream.echo;
                 Reply::ResponseHeaders(HeadersResponse {
                     response: Some(CommonResponse {
                         header_mutation: (!echo.is_empty()).then(|| HeaderMutation {
@@ -140,15 +187,201 @@ impl ExtProc {
                     }),
                 })
             }
-            Message::RequestBody(_) => Reply::RequestBody(BodyResponse::default()),
-            Message::ResponseBody(_) => Reply::ResponseBody(BodyResponse::default()),
-            Message::RequestTrailers(_) => Reply::RequestTrailers(TrailersResponse::default()),
+            Message::ResponseBody(b) => {
+                if stream.response_body_mode == Some(BodySendMode::FullDuplexStreamed) {
+                    Reply::ResponseBody(streamed_body(b.body, b.end_of_stream))
+                } else {
+                    Reply::ResponseBody(BodyResponse::default())
+                }
+            }
             Message::ResponseTrailers(_) => Reply::ResponseTrailers(TrailersResponse::default()),
         };
-        Some(ProcessingResponse {
-            response: Some(reply),
-            ..ProcessingResponse::default()
-        })
+        out.push(reply_of(reply));
+    }
+
+    /// Request headers: decide now, or hold the request for its body.
+    fn request_headers(
+        &self,
+        h: HttpHeaders,
+        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
+        let parsed = RoutingHeaders::parse(header_pairs(h.headers.as_ref()));
+        let subset = subset::subset_hint(metadata);
+        let body_mode = stream.request_body_mode;
+        let body_follows = !h.end_of_stream
+            && matches!(
+                body_mode,
+                Some(BodySendMode::FullDuplexStreamed | BodySendMode::Buffered)
+            );
+        let wanted = body_follows && parsed.malformed.is_none();
+        let router = self.body_router.as_ref().filter(|_| wanted);
+        let path = header_text(h.headers.as_ref(), ":path");
+        if let Some(router) = router.filter(|r| r.wants_body(path.unwrap_or(""), &parsed.fields)) {
+            let held = HeldRequest::new(
+                path.unwrap_or("").to_string(),
+                parsed,
+                subset,
+                header_text(h.headers.as_ref(), "content-length"),
+                router.max_body_bytes(),
+            );
+            stream.held = Some(Box::new(held));
+            if body_mode == Some(BodySendMode::Buffered) {
+                // Envoy holds the body until the headers are answered.
+                out.push(reply_of(Reply::RequestHeaders(HeadersResponse::default())));
+            }
+            return;
+        }
+        let input = verdict::Input {
+            parsed: &parsed,
+            subset: subset.as_deref(),
+            body_miss: None,
+        };
+        let fdx = body_mode == Some(BodySendMode::FullDuplexStreamed);
+        out.push(self.decide(&input, stream, !fdx, Placement::Headers));
+    }
+
+    /// A request body chunk (or, in BUFFERED mode, the whole body).
+    fn request_body(
+        &self,
+        b: HttpBody,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
+        let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
+        let Some(mut held) = stream.held.take() else {
+            out.push(reply_of(Reply::RequestBody(if fdx {
+                streamed_body(b.body, b.end_of_stream)
+            } else {
+                BodyResponse::default()
+            })));
+            return;
+        };
+        if !fdx {
+            // BUFFERED: the whole body in one message; the decision is its reply.
+            let limit = held.limit;
+            let too_large = b.body.len() > limit;
+            held.body = b.body;
+            let miss = too_large.then_some(BodyMiss::TooLarge { limit });
+            self.decide_held(held, b.end_of_stream, miss, stream, out);
+            return;
+        }
+        match held.collect(b.body, b.end_of_stream) {
+            Collect::More => stream.held = Some(held),
+            Collect::Complete => self.decide_held(held, b.end_of_stream, None, stream, out),
+            Collect::TooLarge => {
+                let limit = held.limit;
+                self.decide_held(
+                    held,
+                    b.end_of_stream,
+                    Some(BodyMiss::TooLarge { limit }),
+                    stream,
+                    out,
+                );
+            }
+        }
+    }
+
+    /// Decides a held request and sends the replies its body mode needs: in
+    /// FULL_DUPLEX_STREAMED the headers reply and then the body, unchanged; in
+    /// BUFFERED the body reply carrying the decision. `miss` set: the body was
+    /// not (fully) read, decide on the headers alone.
+    fn decide_held(
+        &self,
+        held: Box<HeldRequest>,
+        end_of_stream: bool,
+        miss: Option<BodyMiss>,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
+        let HeldRequest {
+            path,
+            parsed,
+            subset,
+            body,
+            ..
+        } = *held;
+        let routed = match (&miss, self.body_router.as_ref()) {
+            (None, Some(r)) => r.route(&path, &parsed.fields, &body),
+            (Some(m), _) => Err(m.clone()),
+            (None, None) => Err(BodyMiss::NotOpenAi("no body router".into())),
+        };
+        let (body_parsed, body_miss) = match routed {
+            Ok(fields) => (
+                RoutingHeaders {
+                    debug: parsed.debug,
+                    fields,
+                    malformed: None,
+                },
+                None,
+            ),
+            Err(m) => (parsed, Some(m)),
+        };
+        self.metrics
+            .record_body(body_miss.as_ref().map(BodyMiss::reason));
+        let input = verdict::Input {
+            parsed: &body_parsed,
+            subset: subset.as_deref(),
+            body_miss: body_miss.as_ref(),
+        };
+        let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
+        if !fdx {
+            out.push(self.decide(&input, stream, false, Placement::Body));
+            return;
+        }
+        let reply = self.decide(&input, stream, false, Placement::Headers);
+        if stream.closed {
+            out.push(reply);
+            return;
+        }
+        out.push(reply);
+        let parts = held::chunks(body);
+        let last = parts.len() - 1;
+        for (i, part) in parts.into_iter().enumerate() {
+            let eos = end_of_stream && i == last;
+            out.push(reply_of(Reply::RequestBody(streamed_body(part, eos))));
+        }
+    }
+
+    /// Decides `input` and records what the stream keeps: the debug echo and the
+    /// in-flight count. `may_skip_response`: the reply may ask Envoy to skip the
+    /// response headers (headers replies only, never in FULL_DUPLEX_STREAMED).
+    fn decide(
+        &self,
+        input: &verdict::Input<'_>,
+        stream: &mut StreamState,
+        may_skip_response: bool,
+        placement: Placement,
+    ) -> ProcessingResponse {
+        let (verdict, inflight) = Verdict::decide_input(
+            &self.router,
+            &self.metrics,
+            &self.config,
+            input,
+            Timestamp::now(),
+        );
+        stream.echo = verdict
+            .debug_echo
+            .iter()
+            .map(|(k, v)| set_header(k, v))
+            .collect();
+        // A counted request needs the response headers (the end of its
+        // prefill) to be released; otherwise skip that round trip.
+        let skip_response = may_skip_response && stream.echo.is_empty() && inflight.is_none();
+        stream.inflight = inflight;
+        if verdict.refusal.is_some() {
+            stream.closed = true;
+        }
+        let mut reply = self.request_headers_reply(&verdict, skip_response);
+        if placement == Placement::Body
+            && let Some(Reply::RequestHeaders(h)) = reply.response.take()
+        {
+            reply.response = Some(Reply::RequestBody(BodyResponse {
+                response: h.response,
+            }));
+        }
+        reply
     }
 
     /// The reply to request headers: the verdict in Envoy's terms.
@@ -205,9 +438,24 @@ type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>>
 /// arriving: a lost stream must never inflate a replica's load for good.
 pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
 
+/// Which reply carries a decision: the request headers' (headers-only and
+/// FULL_DUPLEX_STREAMED) or the body's (BUFFERED).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    Headers,
+    Body,
+}
+
 /// What one ext_proc stream keeps between its messages.
 #[derive(Default)]
 struct StreamState {
+    /// The body modes Envoy announced (first message); `None`: not said.
+    request_body_mode: Option<BodySendMode>,
+    response_body_mode: Option<BodySendMode>,
+    /// A request waiting for its body before the decision.
+    held: Option<Box<HeldRequest>>,
+    /// An immediate response was sent: nothing more is answered.
+    closed: bool,
     echo: Vec<HeaderValueOption>,
     /// Released on the response headers, when the stream ends (dropped with the
     /// state), or after [`INFLIGHT_AGE_OUT`].
@@ -245,19 +493,23 @@ impl ExternalProcessor for ExtProc {
             },
         );
         let replies = futures::stream::unfold(state, |(mut inbound, this, mut st)| async move {
+            let mut out = Vec::new();
             loop {
                 // A reset or closed stream just ends ours (and drops its in-flight
-                // count with the state): Envoy has moved on.
+                // count and any held body with the state): Envoy has moved on.
                 let msg = next_message(&mut st, &mut inbound).await?;
                 let had = st.inflight.is_some();
-                if let Some(reply) = this.answer(msg, &mut st) {
-                    if !had && st.inflight.is_some() {
-                        st.admitted_at = Some(tokio::time::Instant::now());
-                    }
-                    return Some((Ok(reply), (inbound, this, st)));
+                this.answer_into(msg, &mut st, &mut out);
+                if !had && st.inflight.is_some() {
+                    st.admitted_at = Some(tokio::time::Instant::now());
+                }
+                if !out.is_empty() {
+                    let batch = futures::stream::iter(out.into_iter().map(Ok));
+                    return Some((batch, (inbound, this, st)));
                 }
             }
-        });
+        })
+        .flatten();
         Ok(Response::new(Box::pin(replies)))
     }
 }
@@ -289,6 +541,36 @@ fn header_pairs(map: Option<&HeaderMap>) -> impl Iterator<Item = (&str, &[u8])> 
         };
         (h.key.as_str(), value)
     })
+}
+
+/// The text of one request header (pseudo-headers such as `:path` included).
+fn header_text<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    header_pairs(map)
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+}
+
+fn reply_of(reply: Reply) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(reply),
+        ..ProcessingResponse::default()
+    }
+}
+
+/// A FULL_DUPLEX_STREAMED body chunk handed back unchanged.
+fn streamed_body(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                    body,
+                    end_of_stream,
+                    ..StreamedBodyResponse::default()
+                })),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
 }
 
 /// Overwrites (or adds) a header: never appends to what a client sent.

@@ -461,3 +461,5 @@ fn unequal_chain_headers_follow_the_tenant_policy() {
         verdict.debug_echo
     );
 }
+
+mod body;

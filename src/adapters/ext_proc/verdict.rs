@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use super::body::BodyMiss;
 use super::headers::{
     self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
     SPILLED_FROM,
@@ -114,7 +115,38 @@ impl Verdict {
         parsed: &RoutingHeaders,
         now: Timestamp,
     ) -> (Self, Option<Inflight>) {
+        let input = Input {
+            parsed,
+            subset: None,
+            body_miss: None,
+        };
+        Self::decide_input(router, metrics, config, &input, now)
+    }
+
+    /// [`Verdict::decide_and_admit`] with what the stream learnt beyond the
+    /// headers: the gateway's endpoint subset and why the body gave no chain.
+    pub fn decide_input(
+        router: &Router,
+        metrics: &Metrics,
+        config: &ExtProcConfig,
+        input: &Input<'_>,
+        now: Timestamp,
+    ) -> (Self, Option<Inflight>) {
+        let parsed = input.parsed;
         let f = &parsed.fields;
+        let scope = ScopeRef::new(&f.tenant, &f.model, &f.hash_scheme);
+        // The subset as replica ids; a subset naming no replica of the scope
+        // leaves nothing eligible (an empty candidate list would mean "all").
+        let candidates = input.subset.map(|addrs| {
+            let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            router.replicas_at(scope, &addrs)
+        });
+        if let Some(c) = &candidates
+            && c.is_empty()
+        {
+            return (Self::no_eligible_endpoint(metrics, config, input), None);
+        }
+        let candidates: &[String] = candidates.as_deref().unwrap_or(&[]);
         let mut upstream = Vec::with_capacity(4);
         let mut detail = None;
         let mut revision = None;
@@ -136,7 +168,7 @@ impl Verdict {
                     prefix_token_count: f.prefix_tokens,
                     block_hashes: &f.block_hashes,
                     block_token_counts: &f.block_token_counts,
-                    candidate_replicas: &[],
+                    candidate_replicas: candidates,
                 };
                 let started = Instant::now();
                 let decision = router.lookup(&req, now);
@@ -161,11 +193,21 @@ impl Verdict {
         };
         upstream.insert(0, (REASON, reason.as_str().to_string()));
 
+        if let Some(miss) = input.body_miss {
+            detail = Some(format!("{}: {miss}", miss.reason()));
+        }
+
+        // A gateway's subset must be obeyed whatever the destination mode: with no
+        // hint, a serving replica of the subset, or 503 (GIE's protocol).
         let mut refusal = None;
-        if destination.is_none() && config.destination_mode == DestinationMode::OriginalDst {
-            let scope = ScopeRef::new(&f.tenant, &f.model, &f.hash_scheme);
-            match router.fallback_endpoint(scope, &[], now) {
+        let must_pick =
+            config.destination_mode == DestinationMode::OriginalDst || input.subset.is_some();
+        if destination.is_none() && must_pick {
+            match router.fallback_endpoint(scope, candidates, now) {
                 Some(ep) => destination = Some(ep.to_string()),
+                None if input.subset.is_some() => {
+                    return (Self::no_eligible_endpoint(metrics, config, input), None);
+                }
                 None => {
                     refusal = Some(format!(
                         "inferencecache: no serving replica for tenant {:?}, model {:?}, hash scheme {:?} (reason {})\n",
@@ -196,6 +238,42 @@ impl Verdict {
         };
         (verdict, inflight)
     }
+
+    /// The gateway's subset holds no serving replica of the request's scope: the
+    /// protocol's 503, with the subset named in the body.
+    fn no_eligible_endpoint(metrics: &Metrics, config: &ExtProcConfig, input: &Input<'_>) -> Self {
+        metrics.record_decision(DecisionPath::ExtProc, ReasonCode::NoHint, Duration::ZERO);
+        let f = &input.parsed.fields;
+        let subset = input.subset.unwrap_or(&[]);
+        let mut debug_echo = Vec::new();
+        if input.parsed.debug && config.debug_headers_allowed {
+            debug_echo.push((REASON, ReasonCode::NoHint.as_str().to_string()));
+            debug_echo.push((DETAIL, NO_ELIGIBLE_ENDPOINT.to_string()));
+        }
+        Self {
+            destination: None,
+            upstream: Vec::new(),
+            debug_echo,
+            refusal: Some(format!(
+                "inferencecache: {NO_ELIGIBLE_ENDPOINT}: none of the gateway's subset {subset:?} is a serving replica for tenant {:?}, model {:?}, hash scheme {:?}\n",
+                f.tenant, f.model, f.hash_scheme
+            )),
+        }
+    }
+}
+
+/// The debug detail of a 503 for an empty eligible subset.
+pub const NO_ELIGIBLE_ENDPOINT: &str = "no_eligible_endpoint_in_subset";
+
+/// One request as the stream knows it when it decides.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    pub parsed: &'a RoutingHeaders,
+    /// `envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset`: the only
+    /// `ip:port` endpoints the pick may be.
+    pub subset: Option<&'a [String]>,
+    /// Why the body gave no chain (the request is still served).
+    pub body_miss: Option<&'a BodyMiss>,
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.

@@ -710,6 +710,17 @@ impl ScopeIndex {
 
     /// A serving replica for the ORIGINAL_DST fallback: least loaded by reported
     /// stats, ties broken round-robin.
+    /// The ids of the replicas whose endpoint is one of `addresses` (a gateway's
+    /// subset hint names endpoints, the decision takes replica ids).
+    pub(crate) fn replicas_at(&self, addresses: &[&str]) -> Vec<String> {
+        let table = self.table.load();
+        table
+            .iter()
+            .filter(|(_, r)| r.endpoint().is_some_and(|e| addresses.contains(&&**e)))
+            .map(|(_, r)| r.id.to_string())
+            .collect()
+    }
+
     pub(crate) fn least_loaded(&self, serving: &ServingSet) -> Option<Arc<str>> {
         let loads: SmallVec<[u64; 32]> = (0..serving.len())
             .map(|m| serving.replica(m).map_or(u64::MAX, |r| r.live.load()))
