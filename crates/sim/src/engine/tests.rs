@@ -835,7 +835,8 @@ async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     assert_eq!(r.json["usage"]["prompt_tokens"], 8);
     // The chat rendering is the same ids ("<s>" from the template, no second BOS),
-    // so it hits both cached blocks.
+    // so it hits the cache; as in vLLM the last prompt token is always computed,
+    // so of two full cached blocks only the first counts as a hit.
     let chat =
         json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]});
     let r = http
@@ -843,11 +844,17 @@ async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     assert_eq!(r.json["usage"]["prompt_tokens"], 8);
-    assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
-    // The cache holds the ids the product computes.
+    assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    // The cache holds the ids the product computes: a request of exactly these
+    // ids gets the same hit (the lookup, too, leaves the last token to compute),
+    // and one that differs in block 0 gets none.
     assert_eq!(
         http.cached_prefix(&[0, 10, 11, 12, 13, 14, 15, 16]).await["cached_tokens"],
-        8
+        4
+    );
+    assert_eq!(
+        http.cached_prefix(&[1, 10, 11, 12, 13, 14, 15, 16]).await["cached_tokens"],
+        0
     );
     engine.shutdown().await;
 
