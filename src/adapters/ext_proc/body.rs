@@ -53,6 +53,10 @@ pub trait BodyRouter: Send + Sync + 'static {
     /// `headers` are the fields the request headers carried (tenant and model may be
     /// empty); the answer is complete fields for the decision (tenant, model, the
     /// backend's own content scheme and chain), or why not.
-    fn route(&self, path: &str, headers: &RoutingFields, body: &[u8])
-    -> Result<RoutingFields, BodyMiss>;
+    fn route(
+        &self,
+        path: &str,
+        headers: &RoutingFields,
+        body: &[u8],
+    ) -> Result<RoutingFields, BodyMiss>;
 }
