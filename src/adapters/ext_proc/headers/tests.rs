@@ -195,7 +195,8 @@ fn reads_lora_adapter_and_cache_salt() {
 #[test]
 fn malformed_identity_headers_are_refused_and_clear_everything() {
     let long = "s".repeat(MAX_IDENTITY_LEN + 1);
-    let cases: [(Vec<(&str, &[u8])>, MalformedHeader); 3] = [
+    type Pairs<'a> = Vec<(&'a str, &'a [u8])>;
+    let cases: [(Pairs, MalformedHeader); 3] = [
         (
             vec![(LORA_ADAPTER, b"a"), (LORA_ADAPTER, b"b")],
             MalformedHeader::Repeated(LORA_ADAPTER),
