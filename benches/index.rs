@@ -5,7 +5,9 @@
 //! shared groups, 16..63 unique), each stored once on a random replica; 100,000
 //! full LookupRoute decisions (half exact sequences, half a group prefix + 48
 //! unseen blocks), checked for correctness; then removals of the unique tails of
-//! random sequences until 10% of the stored blocks are gone.
+//! random sequences until 10% of the stored blocks are gone. Then the lock-hold
+//! rows: the same decisions while a TTL sweep, a cap sweep and an AllBlocksCleared
+//! each remove a 1M-entry replica from the scope being looked up.
 //!
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
 //! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
@@ -32,6 +34,8 @@ const SEQUENCES: usize = 16_000;
 const BLOCKS: usize = 64;
 const SHARED: usize = 16;
 const GROUPS: usize = 50;
+/// The replica the sweep rows remove (a multiple of BLOCKS).
+const SWEEP_ENTRIES: usize = 1_024_000;
 const TENANT: &str = "bench";
 const MODEL: &str = "model";
 const SCHEME: &str = "scheme";
@@ -89,6 +93,9 @@ fn rss_bytes() -> u64 {
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i] as f64 / 1000.0
 }
@@ -346,6 +353,105 @@ fn main() {
     let remove_secs = start.elapsed().as_secs_f64();
     let entries_after = router.index().total_entries();
 
+    // Decisions while maintenance removes a 1M-entry replica from the same scope:
+    // a second router holding the same workload under a cap equal to its size.
+    // (Stamps only move forward per tenant, so what a row must evict is stored
+    // before what it must keep.)
+    let main_entries = entries_before;
+    let sweeps = Router::new(
+        IndexConfig {
+            max_entries: main_entries,
+        },
+        PolicySnapshot::empty(),
+        now,
+    );
+    // Over the cap, ingest only wakes a maintenance worker (none here): the cap row
+    // runs the sweep itself.
+    sweeps.on_over_cap(Box::new(|| {}));
+    let insert_main = || {
+        for (s, hashes) in seqs.iter().enumerate() {
+            let ev = [IndexEvent::Stored {
+                parent: None,
+                hashes: hashes.clone(),
+                token_counts: Vec::new(),
+            }];
+            let batch = IngestBatch {
+                scope,
+                replica_id: &ids[owner[s]],
+                endpoint: &endpoints[owner[s]],
+                events: &ev,
+            };
+            black_box(sweeps.ingest(&batch, now).ok());
+        }
+    };
+    let sweeper = "replica-sweeper";
+    let fill = |at: Timestamp| {
+        for n in 0..SWEEP_ENTRIES / BLOCKS {
+            let ev = [IndexEvent::Stored {
+                parent: None,
+                hashes: sequence(SEQUENCES * 4 + n, 7),
+                token_counts: Vec::new(),
+            }];
+            let batch = IngestBatch {
+                scope,
+                replica_id: sweeper,
+                endpoint: "",
+                events: &ev,
+            };
+            black_box(sweeps.ingest(&batch, at).ok());
+        }
+    };
+    let during = |work: &(dyn Fn() + Sync)| -> (Vec<u64>, f64, u64) {
+        let peak = sweeps.index().total_entries();
+        let done = AtomicBool::new(false);
+        let mut lat = Vec::new();
+        let mut secs = 0.0;
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| {
+                let t = Instant::now();
+                work();
+                done.store(true, Ordering::Release);
+                t.elapsed().as_secs_f64()
+            });
+            for (chain, _, _) in queries.iter().cycle() {
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                let t = Instant::now();
+                black_box(sweeps.lookup(&request(chain, &counts), now));
+                lat.push(t.elapsed().as_nanos() as u64);
+            }
+            secs = worker.join().unwrap_or(0.0);
+        });
+        lat.sort_unstable();
+        (lat, secs, peak)
+    };
+    fill(Timestamp::from_secs(1_800_000_000 - 30 * 86_400));
+    insert_main();
+    let ttl_sweep = during(&|| sweeps.maintain(now));
+    let ttl_left = sweeps.index().total_entries();
+    fill(now);
+    insert_main();
+    let cap_sweep = during(&|| sweeps.sweep_cap());
+    let cap_left = sweeps.index().total_entries();
+    fill(now);
+    let clear = during(&|| {
+        let ev = [IndexEvent::Cleared];
+        let batch = IngestBatch {
+            scope,
+            replica_id: sweeper,
+            endpoint: "",
+            events: &ev,
+        };
+        black_box(sweeps.ingest(&batch, now).ok());
+    });
+    let clear_left = sweeps.index().total_entries();
+    let sweep_rows = [
+        ("a TTL sweep", ttl_sweep, ttl_left),
+        ("a cap sweep", cap_sweep, cap_left),
+        ("an AllBlocksCleared", clear, clear_left),
+    ];
+
     println!("inferencecache index benchmark (shared/design/bench-workload.md)");
     println!("  distinct (block, replica) pairs  {distinct_pairs}");
     println!("  index entries after insert       {}", entries_before);
@@ -386,6 +492,21 @@ fn main() {
         planned as f64 / remove_secs / 1e6,
         entries_before - entries_after
     );
+    for (what, (lat, secs, peak), left) in &sweep_rows {
+        println!(
+            "| decision median / p99 while {what} removes {}k of the scope's {}k entries | {:.2} / {:.2} µs ({} decisions over {:.0} ms) |",
+            (peak - left) / 1000,
+            peak / 1000,
+            percentile(lat, 0.5),
+            percentile(lat, 0.99),
+            lat.len(),
+            secs * 1e3,
+        );
+        if *left != main_entries {
+            eprintln!("error: {what} left {left} entries, expected {main_entries}");
+            std::process::exit(1);
+        }
+    }
     if wrong > 0 {
         eprintln!("error: {wrong} wrong decisions");
         std::process::exit(1);

@@ -576,15 +576,22 @@ async fn follow_snapshots(router: Arc<Router>, subscribers: Arc<Subscribers>) {
     }
 }
 
-/// TTL sweep, cap sweep and stale registrations, once a second, off the async
-/// workers (a sweep scans every entry of a scope).
+/// TTL sweep, cap sweep and stale registrations once a second, and the cap sweep
+/// as soon as an ingest leaves the index over its cap (woken through a `Notify`,
+/// never polled), all off the async workers: a sweep scans every entry of a scope.
 async fn maintain(router: Arc<Router>) {
+    let over_cap = Arc::new(tokio::sync::Notify::new());
+    let wake = over_cap.clone();
+    router.on_over_cap(Box::new(move || wake.notify_one()));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
         let r = router.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || r.maintain(Timestamp::now())).await {
+        let work = tokio::select! {
+            _ = tick.tick() => tokio::task::spawn_blocking(move || r.maintain(Timestamp::now())),
+            () = over_cap.notified() => tokio::task::spawn_blocking(move || r.sweep_cap()),
+        };
+        if let Err(e) = work.await {
             tracing::error!(error = %e, "index maintenance failed");
         }
     }

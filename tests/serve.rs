@@ -492,3 +492,35 @@ fn bad_ingest_flags_are_clear_errors() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The cap sweep runs on the maintenance worker, woken by the ingest that went
+/// over the cap, well before the once-a-second tick would come round.
+#[tokio::test]
+async fn an_ingest_over_the_cap_wakes_the_cap_sweep() {
+    let s = Sidecar::start("cap", &["--index-max-entries", "3"]).await;
+    let entries = || async {
+        let (_, body) = s.get("/snapshot").await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["totalEntries"].as_u64().unwrap()
+    };
+    let mut ingest = s.ingest_client().await;
+    let out = ingest
+        .ingest_events(ingest_req())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.applied, 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = entries().await;
+        if n == 3 {
+            break;
+        }
+        assert!(
+            n == 4 && Instant::now() < deadline,
+            "{n} entries: {}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -5,7 +5,6 @@
 //! and the policy source's status. The JSON shapes are built by plain functions
 //! ([`snapshot_json`], [`policy_json`]) so they are tested without a server.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -24,6 +23,7 @@ use crate::core::index::IndexView;
 use crate::core::policy::{ResolvedPolicy, format_duration};
 use crate::core::scope::PROBE_TENANT;
 use crate::core::snapshot::PolicySnapshot;
+use crate::core::tenant_report::tenant_reports;
 use crate::core::time::Timestamp;
 
 /// What the admin handlers read.
@@ -169,35 +169,14 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
         })
         .collect();
 
-    // Tenant hit rate: the mean over its replicas that reported stats.
-    let mut hit_rates: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
-    for r in view.replicas.iter() {
-        if let Some((s, _)) = &r.stats {
-            let e = hit_rates.entry(r.tenant.as_str()).or_default();
-            e.0 += s.hit_rate;
-            e.1 += 1;
-        }
-    }
-    let mut entries: BTreeMap<&str, u64> = policy
-        .namespaces()
-        .filter_map(|ns| ns.tenant_id.as_deref())
-        .map(|t| (t, 0))
-        .collect();
-    for t in &view.tenants {
-        entries.insert(t.tenant.as_str(), t.index_entries);
-    }
-    let tenants: Vec<Value> = entries
+    let tenants: Vec<Value> = tenant_reports(view, policy)
         .into_iter()
-        .filter(|(t, _)| *t != PROBE_TENANT)
-        .map(|(tenant, n)| {
-            let hit_rate = hit_rates
-                .get(tenant)
-                .map(|(sum, count)| sum / f64::from(*count));
+        .map(|t| {
             json!({
-                "tenant": tenant,
-                "namespace": policy.namespace_of(tenant).unwrap_or(""),
-                "indexEntries": n,
-                "hitRate": hit_rate,
+                "tenant": t.tenant,
+                "namespace": t.namespace.unwrap_or(""),
+                "indexEntries": t.index_entries,
+                "hitRate": t.hit_rate,
                 "memoryUsed": 0,
             })
         })

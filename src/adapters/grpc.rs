@@ -20,13 +20,14 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::adapters::MAX_CHAIN_BLOCKS;
+use crate::adapters::apply::{ApplyError, apply};
 use crate::adapters::ingest::{Cost, IngestGuard};
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
 use crate::core::chain::content_v2::MAX_IDENTITY_LEN;
 use crate::core::decision::outcome::{Decision, ReasonCode, Strategy};
 use crate::core::decision::request::LookupRequest;
-use crate::core::index::{IndexEvent, IngestBatch, IngestError, ReplicaStats, StatsReport};
+use crate::core::index::{IndexEvent, IngestError, ReplicaStats, StatsReport};
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
 use crate::proto::v1 as pb;
@@ -155,17 +156,15 @@ impl CacheService for CacheApi {
         let caller = self.admit_ingest("IngestEvents", &request, cost)?;
         let req = request.into_inner();
         let (events, undecodable) = index_events(req.events);
-        let batch = IngestBatch {
-            scope: ScopeRef::new(&req.tenant_id, &req.model_id, &req.hash_scheme),
-            replica_id: &req.replica_id,
-            endpoint: &req.endpoint,
-            events: &events,
-        };
-        let result = self.router.ingest(&batch, Timestamp::now());
+        let scope = ScopeRef::new(&req.tenant_id, &req.model_id, &req.hash_scheme).to_owned();
+        let result = apply(&self.router, scope, req.replica_id, req.endpoint, events).await;
         self.metrics
             .record_ingest_call("IngestEvents", result.is_ok());
         self.record_caller(caller.as_deref(), "IngestEvents", result.is_ok());
-        let outcome = result.map_err(ingest_status)?;
+        let outcome = result.map_err(|e| match e {
+            ApplyError::Ingest(e) => ingest_status(e),
+            ApplyError::ShuttingDown => Status::unavailable(e.to_string()),
+        })?;
         let rejected = outcome.rejected.saturating_add(undecodable);
         self.metrics.record_ingest_events(outcome.applied, rejected);
         Ok(Response::new(pb::IngestEventsResponse {

@@ -17,10 +17,12 @@
 //! - [`admission`]: the validating admission webhook (HTTPS, AdmissionReview v1).
 //! - [`ext_proc`], [`grpc`], [`admin`], [`metrics`]: the serving side; [`ingest`]
 //!   guards the ingest listener (tokens, per-caller limits), [`drain`] is the
-//!   shutdown flag they all read.
+//!   shutdown flag they all read; [`apply`] moves heavy event batches off the
+//!   async workers.
 
 pub mod admin;
 pub mod admission;
+pub mod apply;
 pub mod drain;
 pub mod engine_metrics;
 pub mod ext_proc;

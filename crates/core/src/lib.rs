@@ -25,6 +25,7 @@ pub mod router;
 pub mod scope;
 pub mod selftest;
 pub mod snapshot;
+pub mod tenant_report;
 pub mod time;
 
 pub use router::Router;

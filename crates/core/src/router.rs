@@ -5,7 +5,7 @@
 //! load, no lock), so a reload never tears a decision.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -28,6 +28,10 @@ pub struct Router {
     snapshot: ArcSwap<PolicySnapshot>,
     /// Serialises installs (declaration sync) and self-tests.
     control: Mutex<()>,
+    /// Wakes the embedder's maintenance worker when an ingest leaves the index
+    /// over its entry cap, so the cap sweep (a scan of the largest tenant) runs
+    /// there instead of on the ingesting thread. Unset: the sweep runs inline.
+    over_cap: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Router {
@@ -36,6 +40,7 @@ impl Router {
             index: Index::new(config),
             snapshot: ArcSwap::from_pointee(PolicySnapshot::empty()),
             control: Mutex::new(()),
+            over_cap: OnceLock::new(),
         };
         router.install(snapshot, now);
         router
@@ -156,10 +161,29 @@ impl Router {
             self.index
                 .ingest(batch, &Self::limits(&snapshot, batch.scope.tenant), now)?;
         if self.index.over_cap() {
+            match self.over_cap.get() {
+                Some(wake) => wake(),
+                None => self.sweep_cap(),
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Moves the cap sweep off the ingest path: `wake` is called (cheaply, from
+    /// the ingesting thread) whenever an ingest leaves the index over its cap, and
+    /// the embedder runs [`Router::sweep_cap`] on its maintenance worker. Quota
+    /// stays enforced inside ingest, as the seed requires. Set once.
+    pub fn on_over_cap(&self, wake: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.over_cap.set(wake).is_ok()
+    }
+
+    /// Evicts down to the entry cap, each tenant in its own eviction order.
+    pub fn sweep_cap(&self) {
+        if self.index.over_cap() {
+            let snapshot = self.snapshot.load();
             self.index
                 .sweep_cap(&|t| snapshot.tenant(t).policy.eviction);
         }
-        Ok(outcome)
     }
 
     /// ReportStats.

@@ -23,6 +23,7 @@ use crate::adapters::resolve::{DEFAULT_NAMESPACE, Ignored, Rejected};
 use crate::core::index::{IndexView, ReplicaView};
 use crate::core::scope::PROBE_TENANT;
 use crate::core::snapshot::PolicySnapshot;
+use crate::core::tenant_report::tenant_reports;
 use crate::core::time::Timestamp;
 use crate::crd::Condition;
 use crate::crd::cache_backend::{
@@ -285,12 +286,10 @@ pub fn cache_index_status(
     now: Timestamp,
 ) -> CacheIndexStatus {
     let mut by_id: BTreeMap<&str, &ReplicaView> = BTreeMap::new();
-    let mut hit_rates: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
     for r in view.replicas.iter().filter(|r| r.tenant != PROBE_TENANT) {
-        let Some((stats, _)) = &r.stats else { continue };
-        let e = hit_rates.entry(r.tenant.as_str()).or_default();
-        e.0 += stats.hit_rate;
-        e.1 += 1;
+        if r.stats.is_none() {
+            continue;
+        }
         let key = |v: &ReplicaView| (v.tenant.clone(), v.model.clone(), v.hash_scheme.clone());
         match by_id.get(r.replica_id.as_str()) {
             Some(kept) if key(kept) >= key(r) => {}
@@ -316,24 +315,13 @@ pub fn cache_index_status(
         })
         .collect();
 
-    let mut entries: BTreeMap<&str, u64> = snapshot
-        .namespaces()
-        .filter_map(|ns| ns.tenant_id.as_deref())
-        .map(|t| (t, 0))
-        .collect();
-    for t in &view.tenants {
-        entries.insert(t.tenant.as_str(), t.index_entries);
-    }
-    let tenants = entries
+    let tenants = tenant_reports(view, snapshot)
         .into_iter()
-        .filter(|(t, _)| *t != PROBE_TENANT)
-        .map(|(tenant, n)| IndexTenant {
-            tenant: tenant.to_string(),
-            namespace: snapshot.namespace_of(tenant).map(str::to_string),
-            index_entries: Some(count(n)),
-            hit_rate: hit_rates
-                .get(tenant)
-                .map(|(sum, k)| rate(sum / f64::from(*k))),
+        .map(|t| IndexTenant {
+            tenant: t.tenant.to_string(),
+            namespace: t.namespace.map(str::to_string),
+            index_entries: Some(count(t.index_entries)),
+            hit_rate: t.hit_rate.map(rate),
             // Deprecated: never the engine total, which is shared across tenants.
             memory_used: 0,
         })

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::entry::Entry;
-use super::scope::Timeout;
+use super::lock::Timeout;
 use super::store::Store;
 
 /// How often (in blocks) a long walk checks its deadline.

@@ -10,8 +10,10 @@
 //! that walk touches few cache lines). Writers (always under their tenant's writer
 //! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
 //! at a time, and let go after the current block as soon as a lookup waits (see
-//! `lock.rs`); sweeps take it for at most [`SWEEP_BATCH`] keys. So a lookup waits
-//! behind one block of an event's writing, or a bounded sweep batch.
+//! `lock.rs`); sweeps take it for at most [`SWEEP_BATCH`] keys, and scans (sweep
+//! candidates, clears, victim rescans) hold the read lock for at most
+//! [`SCAN_CHUNK`] slots. So a lookup waits behind one block of an event's writing,
+//! a bounded sweep batch, or one scan chunk, whatever the scope's size.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,18 +25,18 @@ use smallvec::SmallVec;
 
 use super::entry::{Entry, Holders, Release};
 use super::leading_run::LeadingRuns;
-use super::lock::{ReaderFirst, Turn};
+use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
-use super::store::{EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
+use super::store::{Cursor, EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
 use crate::scope::ScopeKey;
-
-/// The lookup budget ran out before the index could be read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Timeout;
 
 /// How many keys a sweep removes per write-lock hold.
 pub(crate) const SWEEP_BATCH: usize = 256;
+
+/// How many slots a scan visits per read-lock hold (a few µs), so a writer that
+/// finds no opening and queues makes lookups wait one chunk, not a whole scope.
+pub(crate) const SCAN_CHUNK: usize = 1024;
 
 /// The most blocks of an event stored or removed per write-lock hold; a hold
 /// ends sooner when a lookup is waiting.
@@ -399,7 +401,7 @@ impl ScopeIndex {
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
         self.pending.forget_slot(slot);
         let mut keys = Vec::new();
-        self.read().for_each(|k, e| {
+        self.scan(|k, e| {
             if e.holders.contains(slot) {
                 keys.push(k.to_owned());
             }
@@ -434,7 +436,7 @@ impl ScopeIndex {
     /// Removes every entry older than `ttl`, a bounded batch per write-lock hold.
     pub(crate) fn sweep_expired(&self, now: u64, ttl: u64) -> u64 {
         let mut keys = Vec::new();
-        self.read().for_each(|k, e| {
+        self.scan(|k, e| {
             if !e.is_fresh(now, ttl) {
                 keys.push(k.to_owned());
             }
@@ -461,9 +463,17 @@ impl ScopeIndex {
         evicted
     }
 
-    /// Visits every entry under the read lock (victim scans).
-    pub(crate) fn scan(&self, f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
-        self.read().for_each(f);
+    /// Visits every entry, [`SCAN_CHUNK`] slots per read-lock hold (sweep
+    /// candidates, clears, victim rescans). The caller holds the tenant's writer
+    /// lock, so the store's layout cannot change between chunks (see `Cursor`).
+    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
+        let mut cursor = Cursor::default();
+        loop {
+            let more = self.read().visit(&mut cursor, SCAN_CHUNK, &mut f);
+            if !more {
+                return;
+            }
+        }
     }
 
     /// (accesses, lastSeen) of an entry, to check a cached victim is still current.
@@ -619,5 +629,60 @@ mod tests {
         scope.store.0.set_waiting(0);
         assert_eq!(live.prefix_count(), 10);
         assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
+    }
+
+    #[test]
+    fn a_chunked_scan_visits_every_live_entry_once() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let mut expected = std::collections::BTreeSet::new();
+        // Runs of several lengths (some longer than a chunk), vacated slots, prefixes.
+        for (run, len) in [
+            (1u64, 3u64),
+            (2, SCAN_CHUNK as u64 + 7),
+            (3, 1),
+            (4, 2 * SCAN_CHUNK as u64),
+        ] {
+            let chain: Vec<u64> = (0..len).map(|i| (run << 40) | i).collect();
+            scope.insert_blocks(0, &live, None, &chain, |_| 1);
+            expected.extend(chain.iter().map(|&h| format!("b{h}")));
+        }
+        let gone: Vec<u64> = (0..5).map(|i| (2 << 40) | i).collect();
+        scope.remove_blocks(0, &live, &gone);
+        for h in &gone {
+            expected.remove(&format!("b{h}"));
+        }
+        for p in ["p1", "p2", "p3"] {
+            scope.insert_one(0, &live, &EntryKey::Prefix(p.into()), None, 16, 1);
+            expected.insert(format!("p{p}"));
+        }
+        let mut seen = Vec::new();
+        scope.scan(|k, _| {
+            seen.push(match k {
+                EntryKeyRef::Block(h) => format!("b{h}"),
+                EntryKeyRef::Prefix(p) => format!("p{p}"),
+            })
+        });
+        assert_eq!(seen.len(), expected.len(), "no entry twice");
+        assert_eq!(
+            seen.into_iter().collect::<std::collections::BTreeSet<_>>(),
+            expected
+        );
+
+        // One call visits at most its budget and says whether more remain.
+        let store = scope.read();
+        let mut cursor = Cursor::default();
+        let mut n = 0;
+        assert!(store.visit(&mut cursor, 2, &mut |_, _| n += 1));
+        assert_eq!(n, 2);
+        let mut calls = 1;
+        while store.visit(&mut cursor, 2, &mut |_, _| n += 1) {
+            calls += 1;
+        }
+        assert_eq!(n, expected.len());
+        assert!(
+            calls > expected.len() / 2,
+            "budget counts slots, {calls} calls"
+        );
     }
 }

@@ -262,16 +262,63 @@ impl Store {
     }
 
     /// Every live entry with its key (victim scans, sweeps).
-    pub fn for_each(&self, mut f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
-        for run in self.runs.iter().flatten() {
-            for s in run.slots.iter().filter(|s| s.is_live()) {
-                f(EntryKeyRef::Block(s.hash), &s.entry);
+    /// Visits up to `budget` slots (live or vacant) from `cursor`, blocks in run
+    /// order then prefixes, and moves the cursor past them. Returns whether any
+    /// remain. The position is exact only while the store's layout does not change
+    /// between calls — see [`Cursor`].
+    pub fn visit(
+        &self,
+        cursor: &mut Cursor,
+        budget: usize,
+        f: &mut impl FnMut(EntryKeyRef<'_>, &Entry),
+    ) -> bool {
+        let mut left = budget;
+        while cursor.run < self.runs.len() {
+            let Some(run) = &self.runs[cursor.run] else {
+                cursor.run += 1;
+                continue;
+            };
+            while cursor.off < run.slots.len() {
+                if left == 0 {
+                    return true;
+                }
+                left -= 1;
+                let s = &run.slots[cursor.off];
+                cursor.off += 1;
+                if s.is_live() {
+                    f(EntryKeyRef::Block(s.hash), &s.entry);
+                }
+            }
+            cursor.run += 1;
+            cursor.off = 0;
+        }
+        // Prefixes (legacy exact-prefix keys, few in practice) are resumed by
+        // position, which costs a skip per chunk.
+        let mut rest = self.prefixes.iter().skip(cursor.prefix).peekable();
+        while rest.peek().is_some() {
+            if left == 0 {
+                return true;
+            }
+            left -= 1;
+            if let Some((p, e)) = rest.next() {
+                cursor.prefix += 1;
+                f(EntryKeyRef::Prefix(p), &e.entry);
             }
         }
-        for (p, e) in &self.prefixes {
-            f(EntryKeyRef::Prefix(p), &e.entry);
-        }
+        false
     }
+}
+
+/// A resumable position in a [`Store`], so that a scan can let go of the lock
+/// between chunks. Exact (every entry visited once) when nothing moves the store's
+/// layout between chunks, which holds for every caller: all writes to a scope's
+/// store are made under its tenant's writer lock, and every scan runs holding it;
+/// concurrent lookups only read (LFU credits are atomics).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Cursor {
+    run: usize,
+    off: usize,
+    prefix: usize,
 }
 
 /// Names one entry of a scope.

@@ -12,6 +12,7 @@ use super::store::{EntryKey, EntryKeyRef};
 use super::*;
 use crate::policy::EvictionAlgorithm::{self, Lfu, Lru};
 use crate::scope::PROBE_TENANT;
+use crate::time::Timestamp;
 
 mod props;
 

@@ -1,9 +1,11 @@
 //! Read-only views of the index for `/snapshot`, status and metrics, and the
 //! counters of everything evicted or refused.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::event::ReplicaStats;
+use crate::scope::PROBE_TENANT;
 use crate::time::Timestamp;
 
 /// One replica row of `/snapshot`, keyed by (tenant, replica id, model, scheme).
@@ -95,4 +97,46 @@ pub struct CountersView {
     pub dropped_cleared: u64,
     /// Malformed events counted and ignored.
     pub rejected_events: u64,
+}
+
+impl super::Index {
+    /// The index as `/snapshot` shows it (probe tenant excluded).
+    pub fn view(&self, now: Timestamp, ttl_of: &dyn Fn(&str) -> u64) -> IndexView {
+        let now = now.as_nanos();
+        let mut view = IndexView::default();
+        let tenants = self.tenants.load();
+        let mut ids: Vec<&Arc<str>> = tenants.keys().collect();
+        ids.sort();
+        for id in ids {
+            if &**id == PROBE_TENANT {
+                continue;
+            }
+            let Some(t) = tenants.get(id) else { continue };
+            view.total_entries += t.entries();
+            view.tenants.push(TenantEntries {
+                tenant: id.to_string(),
+                index_entries: t.entries(),
+            });
+            let ttl = ttl_of(id);
+            for s in t.scopes.load().iter() {
+                for (_, r) in s.table().iter() {
+                    let last = r.live.last_event_at();
+                    view.replicas.push(ReplicaView {
+                        tenant: id.to_string(),
+                        replica_id: r.id.to_string(),
+                        model: s.key.model.to_string(),
+                        hash_scheme: s.key.hash_scheme.to_string(),
+                        endpoint: r.endpoint().map(|e| e.to_string()),
+                        serving: r.is_serving(now, ttl),
+                        prefix_count: r.live.prefix_count(),
+                        last_event_at: (last > 0).then_some(Timestamp(last)),
+                        stats: *r.live.stats.lock(),
+                        inflight_requests: r.live.inflight.load(Ordering::Relaxed),
+                        inflight_tokens: r.live.inflight_tokens.load(Ordering::Relaxed),
+                    });
+                }
+            }
+        }
+        view
+    }
 }

@@ -145,3 +145,35 @@ fn step10_lfu_credits_the_matched_run_of_a_longer_request() {
     });
     assert_eq!(counts, CREDITED);
 }
+
+#[test]
+fn with_a_maintenance_worker_the_cap_sweep_leaves_the_ingest_path() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let router = mk_router_with(open(), None, 4);
+    let wakes = Arc::new(AtomicU32::new(0));
+    let seen = wakes.clone();
+    assert!(router.on_over_cap(Box::new(move || {
+        seen.fetch_add(1, Ordering::Relaxed);
+    })));
+    assert!(!router.on_over_cap(Box::new(|| {})), "set once");
+    store_at(&router, acme(), "r1", &[10, 11, 12, 13], t0());
+    assert_eq!(wakes.load(Ordering::Relaxed), 0, "at the cap, not over it");
+    store_at(&router, acme(), "r1", &[20, 21], at(1));
+    // The ingest only woke the worker: nothing was evicted on its thread.
+    assert_eq!(wakes.load(Ordering::Relaxed), 1);
+    assert_eq!(router.index().tenant_entries(TENANT), 6);
+    router.sweep_cap();
+    assert_eq!(router.index().tenant_entries(TENANT), 4);
+    // LRU: the oldest two went (at equal time, the tail of the first chain).
+    let d = lookup_at(&router, &req(&[10, 11, 12, 13]), at(2));
+    assert_prefix(&d, &[row("r1", 0.0, 32, 2)]);
+    let d = lookup_at(&router, &req(&[20, 21]), at(2));
+    assert_prefix(&d, &[row("r1", 0.0, 32, 2)]);
+    router.sweep_cap();
+    assert_eq!(
+        router.index().tenant_entries(TENANT),
+        4,
+        "nothing to do under the cap"
+    );
+}
