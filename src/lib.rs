@@ -13,3 +13,4 @@ pub mod chain_command;
 pub mod crd;
 pub mod proto;
 pub mod serve;
+pub mod tokenize_command;

@@ -5,6 +5,7 @@ use inferencecache::adapters::admission::{self, WebhookArgs};
 use inferencecache::chain_command::{self, ChainArgs};
 use inferencecache::crd;
 use inferencecache::serve::{self, ServeArgs};
+use inferencecache::tokenize_command::{self, TokenizeArgs};
 
 /// KV-cache-aware router for LLM inference: an Envoy ext_proc sidecar.
 #[derive(Parser)]
@@ -22,6 +23,8 @@ enum Command {
     Serve(ServeArgs),
     /// Compute a block-hash chain from token ids on stdin (x-inferencecache-block-hashes).
     Chain(ChainArgs),
+    /// Print the token ids body mode routes an OpenAI request body on (JSON).
+    Tokenize(TokenizeArgs),
     /// Print the CustomResourceDefinitions as one multi-document YAML stream.
     Crds,
     /// Serve the validating admission webhook (HTTPS, AdmissionReview v1 on /validate).
@@ -42,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Chain(args) => {
             chain_command::run(&args, std::io::stdin().lock(), std::io::stdout().lock())
         }
+        Command::Tokenize(args) => tokenize_command::run(&args, std::io::stdout().lock()),
         Command::Crds => {
             print!("{}", crd::render_yaml()?);
             Ok(())

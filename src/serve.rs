@@ -33,6 +33,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::Instrument;
 
 use crate::adapters::admin::{self, AdminState};
+use crate::adapters::body::{self, BodyMode, store::TokenizerStore};
 use crate::adapters::drain::Drain;
 use crate::adapters::engine_metrics::{self, supervisor::Scrapers};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
@@ -143,6 +144,14 @@ pub struct ServeArgs {
     /// How often the policy path is checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub policy_poll_ms: u64,
+    /// Body mode: the largest request body read for its prompt; a larger one is
+    /// served without a hint (reason body_too_large).
+    #[arg(long, value_name = "BYTES", default_value_t = body::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Body mode: how often the tokenizer directories (CacheBackend
+    /// spec.tokenizer.path) are checked for changed files, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    pub tokenizer_poll_ms: u64,
 }
 
 /// Runs the server until a shutdown signal, then drains.
@@ -177,6 +186,8 @@ pub async fn run_until(
     };
     // Each CacheBackend's spec.metrics, beside the snapshot (the core has no field for it).
     let scrape_specs = Arc::new(engine_metrics::Specs::default());
+    // Each CacheBackend's spec.tokenizer (body mode), beside the snapshot too.
+    let tokenizers = Arc::new(TokenizerStore::default());
     let (router, source_name, policy_source) = match &args.config {
         Some(config_path) if args.kubernetes => {
             // Validate the file up front, as in file mode; then feed its objects
@@ -192,6 +203,7 @@ pub async fn run_until(
                 status.clone(),
                 file_rx,
                 scrape_specs.clone(),
+                tokenizers.clone(),
             )
             .await?;
             tasks.push(tokio::spawn(
@@ -215,10 +227,15 @@ pub async fn run_until(
             })?;
             status.record_success(loaded.snapshot.revision().clone(), now);
             scrape_specs.set(&loaded.objects.backends);
+            tokenizers.set(&loaded.objects.backends);
             let router = Arc::new(Router::new(index, loaded.snapshot, now));
             let watcher = {
-                let (router, recorder, specs) =
-                    (router.clone(), status.clone(), scrape_specs.clone());
+                let (router, recorder, specs, tokenizers) = (
+                    router.clone(),
+                    status.clone(),
+                    scrape_specs.clone(),
+                    tokenizers.clone(),
+                );
                 tokio::spawn(
                     policy_file::watch_loaded(
                         config_path.clone(),
@@ -226,6 +243,7 @@ pub async fn run_until(
                         move |l: policy_file::Loaded| {
                             let (now, revision) = (Timestamp::now(), l.snapshot.revision().clone());
                             specs.set(&l.objects.backends);
+                            tokenizers.set(&l.objects.backends);
                             router.install(l.snapshot, now);
                             recorder.record_success(revision, now);
                         },
@@ -248,6 +266,7 @@ pub async fn run_until(
                 status.clone(),
                 file_rx,
                 scrape_specs.clone(),
+                tokenizers.clone(),
             )
             .await?;
             (router, "kubernetes".to_string(), tasks)
@@ -307,6 +326,19 @@ pub async fn run_until(
     let scrape_follower = tokio::spawn(
         engine_metrics::supervisor::follow(router.clone(), Arc::new(scrapers))
             .instrument(tracing::info_span!("engine_scrape_supervisor")),
+    );
+
+    // Body mode: the tokenizers load (and reload) in the background; until the
+    // first load a body request falls back (reason no_tokenizer, "still loading").
+    let tokenizer_follower = tokio::spawn(
+        tokenizers
+            .clone()
+            .follow(Duration::from_millis(args.tokenizer_poll_ms.max(100)))
+            .instrument(tracing::info_span!("tokenizers")),
+    );
+    // The ext_proc stream's body handling (the epp work) takes this.
+    let _body_router: Arc<dyn crate::adapters::ext_proc::body::BodyRouter> = Arc::new(
+        BodyMode::new(router.clone(), tokenizers.clone(), args.max_body_bytes),
     );
 
     let drain = Drain::new();
@@ -379,6 +411,7 @@ pub async fn run_until(
                 source: status,
                 source_name,
                 drain: drain.clone(),
+                tokenizers,
             }),
         )
         .with_graceful_shutdown(drained(&admin_stop))
@@ -389,6 +422,7 @@ pub async fn run_until(
     let background = || {
         follower.abort();
         scrape_follower.abort();
+        tokenizer_follower.abort();
         maintenance.abort();
         for task in &policy_source {
             task.abort();
@@ -503,6 +537,7 @@ async fn start_kubernetes(
     status: Arc<SourceStatus>,
     file: tokio::sync::watch::Receiver<Arc<policy_file::FileObjects>>,
     scrape_specs: Arc<engine_metrics::Specs>,
+    tokenizers: Arc<TokenizerStore>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let client = kube::Client::try_default()
         .await
@@ -528,6 +563,11 @@ async fn start_kubernetes(
     };
     let specs = tokio::spawn(engine_metrics::supervisor::follow_cluster(
         scrape_specs,
+        observed_rx.clone(),
+        file.clone(),
+    ));
+    let tokenizer_specs = tokio::spawn(body::store::follow_cluster(
+        tokenizers,
         observed_rx.clone(),
         file,
     ));
@@ -557,7 +597,7 @@ async fn start_kubernetes(
         .instrument(tracing::info_span!("status_publisher",
             lease_namespace = %args.lease_namespace, lease = %args.lease_name)),
     );
-    Ok(vec![watches, publisher, specs])
+    Ok(vec![watches, publisher, specs, tokenizer_specs])
 }
 
 /// Re-syncs the engine event subscribers whenever the installed snapshot's

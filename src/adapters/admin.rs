@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use crate::adapters::body::store::TokenizerStore;
 use crate::adapters::drain::Drain;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::metrics::Metrics;
@@ -36,6 +37,8 @@ pub struct AdminState {
     pub source_name: String,
     /// Once draining, `/readyz` answers 503 whatever else holds.
     pub drain: Drain,
+    /// Body mode's tokenizers: their errors are configuration errors.
+    pub tokenizers: Arc<TokenizerStore>,
 }
 
 /// The admin routes.
@@ -55,7 +58,9 @@ async fn healthz() -> &'static str {
 
 /// Ready when a policy snapshot is loaded, the self-test passes and the process
 /// is not draining. The policy source's last error is shown even when ready (a
-/// bad reload keeps the last good snapshot in force).
+/// bad reload keeps the last good snapshot in force). A broken tokenizer is listed
+/// under `tokenizerErrors` but does not make the sidecar unready: body requests
+/// for that backend fall back to no hint (fail-open), everything else routes.
 async fn readyz(State(s): State<AdminState>) -> Response {
     let loaded = s.source.last_good_revision();
     let self_test = s.router.self_test(Timestamp::now());
@@ -68,6 +73,7 @@ async fn readyz(State(s): State<AdminState>) -> Response {
         "policyRevision": loaded.as_deref(),
         "policyLastError": s.source.last_error(),
         "selfTest": match &self_test { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
+        "tokenizerErrors": s.tokenizers.problems(),
     });
     let code = if ready {
         StatusCode::OK
@@ -126,6 +132,7 @@ pub fn mark_stale(body: &mut Value, kv: &KvEventMetrics) {
 
 async fn policy(State(s): State<AdminState>) -> Json<Value> {
     let mut body = policy_json(&s.router.snapshot());
+    add_tokenizers(&mut body, &s.tokenizers);
     body["source"] = json!({
         "name": s.source_name,
         "lastGoodRevision": s.source.last_good_revision().as_deref(),
@@ -135,6 +142,31 @@ async fn policy(State(s): State<AdminState>) -> Json<Value> {
         "errors": s.source.reload_error_count(),
     });
     Json(body)
+}
+
+/// `/policy`: each backend's `tokenizer` (`path`, `state`: ready, loading or
+/// error, and the `error`), and every error again under `tokenizerErrors`.
+pub fn add_tokenizers(body: &mut Value, store: &TokenizerStore) {
+    let described = store.describe();
+    if let Some(backends) = body.get_mut("backends").and_then(Value::as_array_mut) {
+        for b in backends {
+            let key = (
+                b["namespace"].as_str().unwrap_or("").to_string(),
+                b["name"].as_str().unwrap_or("").to_string(),
+            );
+            let tokenizer = described
+                .iter()
+                .find(|(k, _, _)| *k == key)
+                .map(|(_, path, state)| match state {
+                    Ok(s) => json!({"path": path.display().to_string(), "state": s}),
+                    Err(e) => {
+                        json!({"path": path.display().to_string(), "state": "error", "error": e})
+                    }
+                });
+            b["tokenizer"] = tokenizer.unwrap_or(Value::Null);
+        }
+    }
+    body["tokenizerErrors"] = json!(store.problems());
 }
 
 fn rfc3339(ts: Option<Timestamp>) -> Value {

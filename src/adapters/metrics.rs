@@ -9,6 +9,8 @@
 //! the tenant label only takes tenant ids that the policy snapshot declares (all
 //! other tenants are summed under `tenant="_undeclared"`).
 
+mod latency;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,6 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::adapters::engine_metrics::metrics::EngineMetricsMetrics;
@@ -29,6 +30,7 @@ use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
 use crate::core::decision::outcome::ReasonCode;
 use crate::core::time::Timestamp;
+use latency::LatencyHistogram;
 
 /// Where a decision was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,6 +40,9 @@ pub enum DecisionPath {
 }
 
 impl DecisionPath {
+    /// In discriminant order (the index of the pre-resolved handles).
+    const ALL: [DecisionPath; 2] = [Self::ExtProc, Self::Grpc];
+
     fn as_str(self) -> &'static str {
         match self {
             Self::ExtProc => "ext_proc",
@@ -105,8 +110,10 @@ struct TenantLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    decisions: Family<DecisionLabels, Counter>,
-    decision_latency: Family<PathLabels, Histogram>,
+    /// Every decision series resolved once, so a decision takes no family lock:
+    /// `[path][reason]`.
+    decision_counters: [[Counter; ReasonCode::ALL.len()]; 2],
+    latency_by_path: [LatencyHistogram; 2],
     load_spills: Family<ReasonLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
@@ -131,8 +138,9 @@ impl Metrics {
             "LookupRoute decisions by reason code and by path (ext_proc or grpc)",
             decisions.clone(),
         );
-        let decision_latency =
-            Family::<PathLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let decision_latency = Family::<PathLabels, LatencyHistogram>::new_with_constructor(
+            latency_histogram as fn() -> _,
+        );
         registry.register(
             "decision_latency_seconds",
             "Time to decide one request, from parsed input to answer",
@@ -192,19 +200,29 @@ impl Metrics {
         let engine_metrics = Arc::new(EngineMetricsMetrics::default());
         engine_metrics.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
-        for reason in ReasonCode::ALL {
-            for path in [DecisionPath::ExtProc, DecisionPath::Grpc] {
-                // Pre-create every series so rates start from a known zero.
-                let _ = decisions.get_or_create(&DecisionLabels {
-                    reason: reason.as_str(),
+        // Every series exists from the start (rates start from a known zero), and
+        // its handle is kept (a clone shares the value).
+        let decision_counters = DecisionPath::ALL.map(|path| {
+            ReasonCode::ALL.map(|reason| {
+                decisions
+                    .get_or_create(&DecisionLabels {
+                        reason: reason.as_str(),
+                        path: path.as_str(),
+                    })
+                    .clone()
+            })
+        });
+        let latency_by_path = DecisionPath::ALL.map(|path| {
+            decision_latency
+                .get_or_create(&PathLabels {
                     path: path.as_str(),
-                });
-            }
-        }
+                })
+                .clone()
+        });
         Self {
             registry,
-            decisions,
-            decision_latency,
+            decision_counters,
+            latency_by_path,
             load_spills,
             ingest_calls,
             ingest_events,
@@ -278,17 +296,11 @@ impl Metrics {
     }
 
     pub fn record_decision(&self, path: DecisionPath, reason: ReasonCode, elapsed: Duration) {
-        self.decisions
-            .get_or_create(&DecisionLabels {
-                reason: reason.as_str(),
-                path: path.as_str(),
-            })
-            .inc();
-        self.decision_latency
-            .get_or_create(&PathLabels {
-                path: path.as_str(),
-            })
-            .observe(elapsed.as_secs_f64());
+        let p = path as usize;
+        if let Some(c) = self.decision_counters[p].get(reason as usize) {
+            c.inc();
+        }
+        self.latency_by_path[p].observe(elapsed);
     }
 
     /// A routed request the load rule moved (`x-inferencecache-spilled-from`).
@@ -331,9 +343,9 @@ impl Metrics {
     }
 }
 
-fn latency_histogram() -> Histogram {
+fn latency_histogram() -> LatencyHistogram {
     // 1 µs .. ~0.5 s, doubling.
-    Histogram::new(exponential_buckets(1e-6, 2.0, 20))
+    LatencyHistogram::exponential(Duration::from_micros(1), 2.0, 20)
 }
 
 /// A counter family read at scrape time: name, help, and a value per cause.
@@ -438,5 +450,20 @@ impl Collector for IndexCollector {
             MetricType::Gauge,
         )?;
         total.encode_gauge(&view.total_entries)
+    }
+}
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+
+    #[test]
+    fn pre_resolved_handles_are_indexed_by_discriminant() {
+        for (i, r) in ReasonCode::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r:?}");
+        }
+        for (i, p) in DecisionPath::ALL.iter().enumerate() {
+            assert_eq!(*p as usize, i, "{p:?}");
+        }
     }
 }

@@ -23,6 +23,7 @@
 pub mod admin;
 pub mod admission;
 pub mod apply;
+pub mod body;
 pub mod drain;
 pub mod engine_metrics;
 pub mod ext_proc;

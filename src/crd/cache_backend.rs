@@ -75,6 +75,22 @@ pub struct CacheBackendSpec {
     /// `/metrics` on their serving port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSpec>,
+
+    /// The model's tokenizer files, for body mode: requests without a chain are
+    /// routed on their tokenized OpenAI body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerSpec>,
+}
+
+/// `spec.tokenizer` (body mode, contract §12).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenizerSpec {
+    /// A directory on the sidecar's filesystem (in Kubernetes a mounted volume)
+    /// holding `tokenizer.json` and optionally `tokenizer_config.json` (its
+    /// `chat_template`) or `chat_template.jinja`. Reloaded when its files change.
+    #[x_kube(validation = Rule::new("self != ''").message("tokenizer.path must be non-empty"))]
+    pub path: String,
 }
 
 /// `spec.metrics`: the engines' Prometheus endpoint. Every field is optional; the

@@ -22,7 +22,7 @@ use super::engine::{self, CostArgs, EngineConfig, EngineHandle};
 use super::envoy;
 use super::http::Http;
 use super::process::{Proc, find_envoy, free_addr, wait_until};
-use super::report::{RunSummary, table};
+use super::report::{EngineStats, RunSummary, table};
 use super::router::Router;
 use super::workload::{Fleet, Workload};
 
@@ -297,23 +297,34 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                 .iter()
                 .find(|(r, _)| *r == router)
                 .map_or(&[], |(_, urls)| urls.as_slice());
-            let outcome = drive::run(&http, router, urls, &refs, prepared.clone()).await?;
+            let outcome = drive::run(
+                &http,
+                router,
+                urls,
+                &refs,
+                prepared.clone(),
+                args.costs.batch(),
+            )
+            .await?;
             for s in &mut sidecars {
                 s.proc.check_running()?;
             }
             for e in &mut envoys {
                 e.check_running()?;
             }
-            let peak = peak_queue(&http, &refs, &engines).await;
-            let summary = RunSummary::of(workload.name(), router, &ids, &outcome, peak);
+            let stats = engine_stats(&http, &refs, &engines).await;
+            let summary = RunSummary::of(workload.name(), router, &ids, &outcome, stats);
             eprintln!(
-                "{:>14} {:>15}: {} requests in {:.1} s, hit rate {:.1}%, TTFT p90 {:.0} ms{}",
+                "{:>14} {:>15}: {} requests in {:.1} s, hit rate {:.1}%, TTFT p90 {:.0} ms, \
+                 engine clock lag max {:.0} ms ({} resets){}",
                 workload.name(),
                 router.name(),
                 summary.requests,
                 outcome.elapsed.as_secs_f64(),
                 summary.hit_rate * 100.0,
                 summary.ttft_p90_ms,
+                summary.max_lag_ms,
+                summary.clock_resets,
                 match &outcome.first_error {
                     Some(e) => format!(", {} errors (first: {e})", outcome.errors),
                     None => String::new(),
@@ -538,17 +549,21 @@ async fn metric(http: &Http, url: &str, series: &str) -> f64 {
         .sum()
 }
 
-async fn peak_queue(http: &Http, refs: &[EngineRef], engines: &[Engine]) -> u64 {
-    let mut peak = 0;
+/// The simulated engines' own view of a run: the longest queue, and whether the
+/// modelled clock kept up with this machine.
+async fn engine_stats(http: &Http, refs: &[EngineRef], engines: &[Engine]) -> EngineStats {
+    let mut out = EngineStats::default();
     for (r, e) in refs.iter().zip(engines) {
         if !e.simulated {
             continue;
         }
         if let Ok(v) = http.get_json(&format!("{}/stats", r.base)).await {
-            peak = peak.max(v["peak_queued"].as_u64().unwrap_or(0));
+            out.peak_queue = out.peak_queue.max(v["peak_queued"].as_u64().unwrap_or(0));
+            out.clock_resets += v["clock_resets"].as_u64().unwrap_or(0);
+            out.max_lag_ms = out.max_lag_ms.max(v["max_lag_ms"].as_f64().unwrap_or(0.0));
         }
     }
-    peak
+    out
 }
 
 fn setup(args: &BenchArgs, engines: &[Engine]) -> String {

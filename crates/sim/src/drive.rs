@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::engine::BatchCosts;
 use super::envoy::UPSTREAM_HEADER;
 use super::http::Http;
 use super::router::Router;
@@ -104,6 +105,7 @@ pub async fn run(
     listeners: &[String],
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
+    costs: Option<BatchCosts>,
 ) -> anyhow::Result<Outcome> {
     if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
@@ -126,15 +128,17 @@ pub async fn run(
             .map(|l| format!("{l}/v1/completions"))
             .collect(),
     );
+    let ledger = Arc::new(tokio::sync::Mutex::new(Ledger::new(engines.len())));
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for i in 0..schedule.len() {
-        let (http, schedule, engines, by_addr, listeners) = (
+        let (http, schedule, engines, by_addr, listeners, ledger) = (
             http.clone(),
             schedule.clone(),
             engines.clone(),
             by_addr.clone(),
             listeners.clone(),
+            ledger.clone(),
         );
         tasks.spawn(async move {
             let p = &schedule[i];
@@ -142,7 +146,7 @@ pub async fn run(
             let url = if router.is_oracle() {
                 format!(
                     "{}/v1/completions",
-                    oracle_pick(&http, &engines, p, router).await?
+                    oracle_pick(&http, &engines, p, router, &ledger, costs).await?
                 )
             } else {
                 listeners[i % listeners.len()].clone()
@@ -224,6 +228,41 @@ async fn send(
     })
 }
 
+/// The oracles' own requests still on the wire: decided, sent, not yet received by
+/// their engine. Without it, decisions overlapping within one `/v1/cached_prefix`
+/// round trip all see the same idle engine and herd onto it.
+#[derive(Debug)]
+pub struct Ledger {
+    /// Per engine, the uncached prompt tokens of every request sent there this run,
+    /// in sending order (trimmed to those the engine has not reported received).
+    sent: Vec<std::collections::VecDeque<u64>>,
+    /// Per engine, how many requests were trimmed from `sent` (received for sure).
+    trimmed: Vec<u64>,
+}
+
+impl Ledger {
+    pub fn new(engines: usize) -> Self {
+        Self {
+            sent: vec![Default::default(); engines],
+            trimmed: vec![0; engines],
+        }
+    }
+
+    /// The uncached tokens of `engine`'s requests not among the first `received`
+    /// it reported (requests to one engine arrive about in the order they left).
+    pub fn in_transit(&mut self, engine: usize, received: u64) -> u64 {
+        let (sent, trimmed) = (&mut self.sent[engine], &mut self.trimmed[engine]);
+        while *trimmed < received && sent.pop_front().is_some() {
+            *trimmed += 1;
+        }
+        sent.iter().sum()
+    }
+
+    pub fn record(&mut self, engine: usize, uncached: u64) {
+        self.sent[engine].push_back(uncached);
+    }
+}
+
 /// What an engine told an oracle about one prompt.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineView {
@@ -262,14 +301,21 @@ pub fn oracle_choice(router: Router, views: &[EngineView]) -> Option<usize> {
 }
 
 /// An oracle: asks every engine about the prompt right now and picks by
-/// [`oracle_choice`].
+/// [`oracle_choice`]. Decisions are serialised and each accounts the oracle's own
+/// requests still on the wire (the [`Ledger`]); under the batched model the
+/// load-aware oracle predicts TTFT itself from the engine's queued prefill plus
+/// those in-transit tokens, with the engines' own cost model.
 async fn oracle_pick(
     http: &Http,
     engines: &[EngineRef],
     p: &Prepared,
     router: Router,
+    ledger: &tokio::sync::Mutex<Ledger>,
+    costs: Option<BatchCosts>,
 ) -> anyhow::Result<String> {
+    let mut ledger = ledger.lock().await;
     let body = json!({ "prompt": p.request.prompt, "max_tokens": p.request.max_tokens });
+    let prompt_len = p.request.prompt.len() as u64;
     let answers = join_all(engines.iter().map(|e| {
         let url = format!("{}/v1/cached_prefix", e.base);
         let body = &body;
@@ -281,17 +327,44 @@ async fn oracle_pick(
             let predicted_ttft_ms = v["predicted_ttft_ms"]
                 .as_f64()
                 .context("no predicted_ttft_ms")?;
-            anyhow::Ok(EngineView {
-                cached,
-                load,
-                predicted_ttft_ms,
-            })
+            let queue = (
+                v["pending_prefill_tokens"].as_u64().unwrap_or(0),
+                v["decoding"].as_u64().unwrap_or(0),
+                v["received"].as_u64().unwrap_or(0),
+            );
+            anyhow::Ok((
+                EngineView {
+                    cached,
+                    load,
+                    predicted_ttft_ms,
+                },
+                queue,
+            ))
         }
     }))
     .await;
-    let views = answers.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let answers = answers.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let views: Vec<EngineView> = answers
+        .iter()
+        .enumerate()
+        .map(|(e, &(mut view, (pending, decoding, received)))| {
+            let transit = ledger.in_transit(e, received);
+            if let Some(c) = &costs {
+                let uncached = prompt_len.saturating_sub(view.cached);
+                view.predicted_ttft_ms = c.predict_ttft_us(
+                    (pending + transit) as usize,
+                    uncached as usize,
+                    decoding as usize,
+                ) / 1e3;
+            }
+            view
+        })
+        .collect();
     match oracle_choice(router, &views) {
-        Some(i) => Ok(engines[i].base.clone()),
+        Some(i) => {
+            ledger.record(i, prompt_len.saturating_sub(views[i].cached));
+            Ok(engines[i].base.clone())
+        }
         None => bail!("the oracle has no engines"),
     }
 }
@@ -306,6 +379,24 @@ mod tests {
             load,
             predicted_ttft_ms: ttft,
         }
+    }
+
+    #[test]
+    fn the_ledger_counts_only_requests_the_engine_has_not_received() {
+        let mut l = Ledger::new(2);
+        l.record(0, 100);
+        l.record(0, 50);
+        l.record(1, 7);
+        assert_eq!(l.in_transit(0, 0), 150);
+        assert_eq!(l.in_transit(0, 1), 50);
+        assert_eq!(l.in_transit(1, 0), 7);
+        l.record(0, 20);
+        assert_eq!(l.in_transit(0, 1), 70);
+        assert_eq!(l.in_transit(0, 3), 0);
+        // A count that runs ahead of the ledger (not ours) changes nothing more.
+        assert_eq!(l.in_transit(0, 9), 0);
+        l.record(0, 5);
+        assert_eq!(l.in_transit(0, 3), 5);
     }
 
     #[test]

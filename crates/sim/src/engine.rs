@@ -40,6 +40,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use inferencecache::adapters::body::request::{self as body_request, Endpoint};
+use inferencecache::adapters::body::tokenizer::ModelTokenizer;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -106,6 +108,10 @@ pub struct EngineConfig {
     /// The engine's `PYTHONHASHSEED` (block hashes are vLLM `sha256_cbor`).
     pub hash_seed: String,
     pub event_format: EventFormat,
+    /// Tokenizer files (as CacheBackend `spec.tokenizer.path`): text prompts and
+    /// chat `messages` are tokenized with them, by the product's own body-mode
+    /// code, so the engine caches the ids the sidecar routes on.
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -125,6 +131,7 @@ impl Default for EngineConfig {
             model_name: DEFAULT_MODEL_NAME.into(),
             hash_seed: "0".into(),
             event_format: EventFormat::Map,
+            tokenizer: None,
         }
     }
 }
@@ -216,6 +223,10 @@ pub struct EngineArgs {
     /// KV event layout: map (current vLLM) or array (older vLLM).
     #[arg(long, value_enum, default_value_t = EventFormat::Map)]
     pub event_format: EventFormat,
+    /// A tokenizer directory (tokenizer.json, tokenizer_config.json): accept text
+    /// prompts and /v1/chat/completions, tokenized as the sidecar's body mode does.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl From<EngineArgs> for EngineConfig {
@@ -235,6 +246,7 @@ impl From<EngineArgs> for EngineConfig {
             model_name: a.served_model_name,
             hash_seed: a.hash_seed,
             event_format: a.event_format,
+            tokenizer: a.tokenizer,
         }
     }
 }
@@ -324,6 +336,12 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
             bail!("max_num_batched_tokens must be at least 1");
         }
     }
+    let tokenizer = match &config.tokenizer {
+        Some(dir) => Some(Arc::new(
+            ModelTokenizer::load(dir).map_err(|e| anyhow::anyhow!("--tokenizer: {e}"))?,
+        )),
+        None => None,
+    };
     let cache = PrefixCache::new(config.capacity_blocks, config.block_size, &config.hash_seed)?;
     let listener = TcpListener::bind(config.http_addr)
         .await
@@ -344,6 +362,7 @@ pub async fn spawn(config: EngineConfig) -> anyhow::Result<EngineHandle> {
         publisher,
         replica_header,
         counters: Counters::default(),
+        tokenizer,
         config,
     });
     let app = routes(engine.clone());
@@ -376,6 +395,7 @@ struct Engine {
     publisher: EventPublisher,
     replica_header: HeaderValue,
     counters: Counters,
+    tokenizer: Option<Arc<ModelTokenizer>>,
 }
 
 #[derive(Debug, Default)]
@@ -393,11 +413,20 @@ struct Counters {
     used_blocks: AtomicUsize,
     /// Completion ids.
     next_id: AtomicU64,
+    /// Batched model: times the scheduler woke more than its catch-up bound after
+    /// its modelled clock and restarted the clock (the run then depends on this
+    /// machine's load), and the largest lag seen, µs; since start or the last reset.
+    clock_resets: AtomicU64,
+    max_lag_us: AtomicU64,
+    /// Completion requests received since start or the last reset (the load-aware
+    /// oracle tells its own requests still on the wire from those queued here).
+    received: AtomicU64,
 }
 
 fn routes(engine: Arc<Engine>) -> axum::Router {
     axum::Router::new()
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/cached_prefix", post(cached_prefix))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/stats", get(stats))
@@ -458,6 +487,30 @@ fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
     })
 }
 
+/// With a tokenizer: any OpenAI completions or chat body, its prompt tokenized
+/// by the product's body-mode code (template, special tokens, first of a list).
+fn parse_with_tokenizer(
+    tokenizer: &ModelTokenizer,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Completion, RequestError> {
+    let bad = |e: String| RequestError::BadRequest(e);
+    let b: CompletionBody =
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))?;
+    let req = body_request::parse(endpoint, body).map_err(|e| bad(e.to_string()))?;
+    let prompt = tokenizer
+        .prompt_ids(&req.prompt)
+        .map_err(|e| bad(e.to_string()))?;
+    if prompt.is_empty() {
+        return Err(bad("prompt is empty".into()));
+    }
+    Ok(Completion {
+        model: req.model,
+        prompt,
+        max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+    })
+}
+
 #[derive(Debug, Deserialize)]
 struct PromptBody {
     #[serde(default)]
@@ -487,7 +540,7 @@ fn prompt_tokens(prompt: Option<Value>) -> Result<Vec<u32>, RequestError> {
         }
         Some(Value::String(_)) => {
             return bad(
-                "prompt is text: the simulated engine has no tokenizer; send token ids \
+                "prompt is text: start the simulated engine with --tokenizer DIR, or send token ids \
                  (an array of integers)",
             );
         }
@@ -538,6 +591,7 @@ impl Engine {
         }
         let arrived = Instant::now();
         let c = &self.counters;
+        c.received.fetch_add(1, Ordering::Relaxed);
         // Only a request that finds every slot taken waits (and counts as queued);
         // try_acquire cannot overtake waiters, released permits go to them first.
         let permit = match self.slots.try_acquire() {
@@ -620,7 +674,27 @@ async fn sleep_until(start: Instant, after: Duration) {
 }
 
 async fn completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
-    let mut response = match parse_completion(&body) {
+    let parsed = match &engine.tokenizer {
+        Some(t) => parse_with_tokenizer(t, Endpoint::Completions, &body),
+        None => parse_completion(&body),
+    };
+    serve_parsed(engine, parsed).await
+}
+
+/// Chat completions need `--tokenizer` (the messages are rendered and tokenized);
+/// the answer has the completions shape.
+async fn chat_completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+    let parsed = match &engine.tokenizer {
+        Some(t) => parse_with_tokenizer(t, Endpoint::ChatCompletions, &body),
+        None => Err(RequestError::BadRequest(
+            "chat completions need the engine's --tokenizer".into(),
+        )),
+    };
+    serve_parsed(engine, parsed).await
+}
+
+async fn serve_parsed(engine: Arc<Engine>, parsed: Result<Completion, RequestError>) -> Response {
+    let mut response = match parsed {
         Err(e) => e.into_response(),
         Ok(req) => {
             // A task of its own, so a client that goes away cannot cancel a request
@@ -659,10 +733,12 @@ async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Respon
                 c.queued.load(Ordering::Relaxed),
                 c.running.load(Ordering::Relaxed),
             );
+            let mut received = c.received.load(Ordering::Relaxed);
             let (pending, decoding, predicted_us) = match &engine.batcher {
                 Some(b) => {
                     let (pending, decoding) = {
                         let q = b.queue.lock();
+                        received = c.received.load(Ordering::Relaxed);
                         (q.pending_prefill, q.decoding)
                     };
                     let us = b.costs.predict_ttft_us(pending, uncached, decoding);
@@ -685,6 +761,7 @@ async fn cached_prefix(State(engine): State<Arc<Engine>>, body: Bytes) -> Respon
                 "queued": queued,
                 "running": running,
                 "pending_prefill_tokens": pending,
+                "received": received,
                 "decoding": decoding,
                 "predicted_ttft_ms": predicted_us / 1e3,
             }))
@@ -755,6 +832,9 @@ async fn reset_prefix_cache(State(engine): State<Arc<Engine>>) -> StatusCode {
     ticket.publish(vec![KvEvent::Cleared]);
     let c = &engine.counters;
     c.served.store(0, Ordering::Relaxed);
+    c.clock_resets.store(0, Ordering::Relaxed);
+    c.received.store(0, Ordering::Relaxed);
+    c.max_lag_us.store(0, Ordering::Relaxed);
     c.peak_queued
         .store(c.queued.load(Ordering::Relaxed), Ordering::Relaxed);
     StatusCode::OK
@@ -772,6 +852,8 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "queued": c.queued.load(Ordering::Relaxed),
         "running": c.running.load(Ordering::Relaxed),
         "peak_queued": c.peak_queued.load(Ordering::Relaxed),
+        "clock_resets": c.clock_resets.load(Ordering::Relaxed),
+        "max_lag_ms": c.max_lag_us.load(Ordering::Relaxed) as f64 / 1e3,
         "cached_blocks": cached_blocks,
         "capacity_blocks": capacity_blocks,
     }))

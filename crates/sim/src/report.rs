@@ -29,6 +29,11 @@ pub struct RunSummary {
     pub per_engine: BTreeMap<String, usize>,
     /// The longest queue any engine had.
     pub peak_queue: u64,
+    /// Times a simulated engine's modelled clock fell more than its catch-up bound
+    /// behind real time and restarted (0: the modelled times are this machine's
+    /// load-independent figures), and the largest lag, ms.
+    pub clock_resets: u64,
+    pub max_lag_ms: f64,
     /// inferencecache's reason codes and how often each came back.
     pub reasons: BTreeMap<String, usize>,
     /// Closed-loop accuracy (inferencecache rows only): the prompt tokens the
@@ -53,7 +58,7 @@ impl RunSummary {
         router: Router,
         engine_ids: &[String],
         outcome: &Outcome,
-        peak_queue: u64,
+        engines: EngineStats,
     ) -> Self {
         let s = &outcome.samples;
         let prompt: u64 = s.iter().map(|x| x.prompt_tokens).sum();
@@ -128,7 +133,9 @@ impl RunSummary {
             },
             imbalance: if mean > 0.0 { max / mean } else { 0.0 },
             per_engine,
-            peak_queue,
+            peak_queue: engines.peak_queue,
+            clock_resets: engines.clock_resets,
+            max_lag_ms: engines.max_lag_ms,
             reasons,
             cached_prediction_ratio,
             cached_prediction_mae,
@@ -137,6 +144,14 @@ impl RunSummary {
             ttfts_ms: ttfts,
         }
     }
+}
+
+/// What the simulated engines report about a run (`/stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineStats {
+    pub peak_queue: u64,
+    pub clock_resets: u64,
+    pub max_lag_ms: f64,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -176,6 +191,19 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
             r.peak_queue,
             accuracy,
             r.errors
+        );
+    }
+    let lagged: Vec<String> = runs
+        .iter()
+        .filter(|r| r.clock_resets > 0)
+        .map(|r| format!("{} ({} resets)", r.router, r.clock_resets))
+        .collect();
+    if !lagged.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nWarning: a simulated engine's clock fell more than 1 s behind this machine \
+             and restarted in: {}; those rows depend on the machine's load.",
+            lagged.join(", ")
         );
     }
     let find = |name: &str| runs.iter().find(|r| r.router == name);
@@ -313,7 +341,12 @@ mod tests {
             elapsed: Duration::from_secs(2),
         };
         let ids = ["a", "b", "c"].map(String::from);
-        let s = RunSummary::of("w", Router::InferenceCache, &ids, &outcome, 4);
+        let stats = EngineStats {
+            peak_queue: 4,
+            clock_resets: 1,
+            max_lag_ms: 1200.0,
+        };
+        let s = RunSummary::of("w", Router::InferenceCache, &ids, &outcome, stats);
         assert_eq!(s.requests, 4);
         assert!((s.hit_rate - 0.5).abs() < 1e-9);
         assert_eq!(s.ttft_p50_ms, 20.0);
@@ -323,7 +356,12 @@ mod tests {
         assert!((s.imbalance - 2.0).abs() < 1e-9);
         assert_eq!(s.per_engine["c"], 0);
         assert_eq!(s.reasons["PREFIX_MATCH"], 3);
+        assert_eq!((s.clock_resets, s.max_lag_ms), (1, 1200.0));
         let t = table("w", "d", &[s]);
+        assert!(
+            t.contains("restarted in: inferencecache (1 resets); those rows depend"),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "inferencecache decisions: PREFIX_MATCH 3; requests per engine: a 2, b 1, c 0."
@@ -361,7 +399,7 @@ mod tests {
                 first_error: None,
                 elapsed: Duration::from_secs(1),
             },
-            0,
+            EngineStats::default(),
         );
         assert_eq!(rr.cached_prediction_ratio, None);
         let ic = RunSummary::of(
@@ -383,7 +421,7 @@ mod tests {
                 first_error: None,
                 elapsed: Duration::from_secs(1),
             },
-            0,
+            EngineStats::default(),
         );
         // 96 predicted over 96 reported in total, but off by 32 on each decision.
         assert_eq!(ic.cached_prediction_ratio, Some(1.0));

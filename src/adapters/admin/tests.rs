@@ -162,6 +162,7 @@ async fn readyz_goes_false_once_draining() {
         source,
         source_name: "test".into(),
         drain: drain.clone(),
+        tokenizers: Arc::default(),
     };
     let before = readyz(State(state.clone())).await;
     assert_eq!(before.status(), StatusCode::OK);
@@ -175,4 +176,51 @@ async fn readyz_goes_false_once_draining() {
     assert_eq!(v["ready"], false);
     assert_eq!(v["draining"], true);
     assert_eq!(v["selfTest"], "ok");
+}
+
+#[tokio::test]
+async fn a_broken_tokenizer_is_a_configuration_error_but_not_unready() {
+    use crate::crd::cache_backend::CacheBackend;
+    let (router, now) = mk_router();
+    let router = Arc::new(router);
+    let source = Arc::new(SourceStatus::new());
+    source.record_success(router.snapshot().revision().clone(), now);
+    let dir = std::env::temp_dir().join(format!("ic-admin-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let backend: CacheBackend = serde_json::from_value(serde_json::json!({
+        "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+        "metadata": {"name": "be", "namespace": "a"},
+        "spec": {"engine": "vLLM", "modelID": "m", "hashScheme": "ic-content-v1",
+                 "tokenizer": {"path": dir.display().to_string()}},
+    }))
+    .unwrap();
+    let tokenizers = Arc::new(crate::adapters::body::store::TokenizerStore::default());
+    tokenizers.set([&backend]);
+    tokenizers.refresh();
+    let state = AdminState {
+        metrics: Arc::new(Metrics::new(router.clone(), source.clone())),
+        router,
+        source,
+        source_name: "test".into(),
+        drain: Drain::new(),
+        tokenizers: tokenizers.clone(),
+    };
+    let r = readyz(State(state.clone())).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let errors = v["tokenizerErrors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    let text = errors[0].as_str().unwrap();
+    assert!(
+        text.contains("CacheBackend a/be") && text.contains("tokenizer.json"),
+        "{text}"
+    );
+    let mut policy =
+        json!({"backends": [{"namespace": "a", "name": "be"}, {"namespace": "a", "name": "x"}]});
+    add_tokenizers(&mut policy, &tokenizers);
+    assert_eq!(policy["backends"][0]["tokenizer"]["state"], "error");
+    assert_eq!(policy["backends"][1]["tokenizer"], Value::Null);
+    assert_eq!(policy["tokenizerErrors"].as_array().unwrap().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
 }

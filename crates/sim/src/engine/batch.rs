@@ -173,6 +173,9 @@ impl Engine {
                 done: tx,
             });
             q.pending_prefill += estimate;
+            // Counted under the queue lock, so whoever reads `received` with the
+            // queue's pending work sees this request in exactly one of them.
+            self.counters.received.fetch_add(1, Ordering::Relaxed);
             let waiting = q.waiting.len();
             self.counters.queued.store(waiting, Ordering::Relaxed);
             self.counters
@@ -209,7 +212,15 @@ pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
             clock = Instant::now();
         } else {
             let now = Instant::now();
-            if now > clock + MAX_LAG {
+            let lag = now.saturating_duration_since(clock);
+            c.max_lag_us.fetch_max(
+                u64::try_from(lag.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            if lag > MAX_LAG {
+                // The modelled clock gave up catching up: reported, so a run that
+                // hit it is not quoted as a modelled result.
+                c.clock_resets.fetch_add(1, Ordering::Relaxed);
                 clock = now;
             }
         }

@@ -138,7 +138,8 @@ async fn a_repeated_prompt_reports_cached_tokens() {
     assert_eq!(
         stats,
         json!({"replica": "sim-a", "served": 2, "queued": 0, "running": 0,
-               "peak_queued": 0, "cached_blocks": 2, "capacity_blocks": 64})
+               "peak_queued": 0, "clock_resets": 0, "max_lag_ms": 0.0,
+               "cached_blocks": 2, "capacity_blocks": 64})
     );
     assert_eq!(http.send("GET", "/health", "").await.status, StatusCode::OK);
     engine.shutdown().await;
@@ -686,6 +687,9 @@ async fn ttft_grows_with_queue_depth_and_the_engine_reports_it() {
         busy["pending_prefill_tokens"].as_u64().unwrap() > 128,
         "{busy}"
     );
+    // The load-aware oracle tells its requests on the wire from those queued here.
+    assert_eq!(idle["received"], 0, "{idle}");
+    assert_eq!(busy["received"], 6, "{busy}");
     assert!(
         busy["predicted_ttft_ms"].as_f64().unwrap()
             > 2.0 * idle["predicted_ttft_ms"].as_f64().unwrap(),
@@ -772,4 +776,97 @@ async fn the_simple_model_serves_metrics_too() {
         "{text}"
     );
     engine.shutdown().await;
+}
+
+/// Word-level tokenizer files: `<s>` 0 (added to completions text), `w0`.. as 10..,
+/// and a chat template that writes `<s>` itself.
+fn word_tokenizer(dir: &std::path::Path) {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), 0.into());
+    vocab.insert("<unk>".into(), 1.into());
+    for i in 0..64 {
+        vocab.insert(format!("w{i}"), (10 + i).into());
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        json!({"bos_token": "<s>",
+               "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"})
+        .to_string(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
+    let dir = std::env::temp_dir().join(format!("ic-sim-tok-{}", std::process::id()));
+    word_tokenizer(&dir);
+    let engine = spawn(EngineConfig {
+        tokenizer: Some(dir.clone()),
+        ..mk_config()
+    })
+    .await
+    .unwrap();
+    let http = Http::new(&engine);
+    // "<s> w0..w6": 8 tokens, two blocks of 4.
+    let text = (0..7)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let r = http
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": "m", "prompt": text, "max_tokens": 1}).to_string(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(r.json["usage"]["prompt_tokens"], 8);
+    // The chat rendering is the same ids ("<s>" from the template, no second BOS),
+    // so it hits both cached blocks.
+    let chat =
+        json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]});
+    let r = http
+        .send("POST", "/v1/chat/completions", &chat.to_string())
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+    assert_eq!(r.json["usage"]["prompt_tokens"], 8);
+    assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+    // The cache holds the ids the product computes.
+    assert_eq!(
+        http.cached_prefix(&[0, 10, 11, 12, 13, 14, 15, 16]).await["cached_tokens"],
+        8
+    );
+    engine.shutdown().await;
+
+    // Without a tokenizer: text is refused with a pointer to the flag.
+    let plain = spawn(mk_config()).await.unwrap();
+    let http = Http::new(&plain);
+    let r = http
+        .send(
+            "POST",
+            "/v1/completions",
+            &json!({"model": "m", "prompt": "w1"}).to_string(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let r = http
+        .send("POST", "/v1/chat/completions", &chat.to_string())
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    plain.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

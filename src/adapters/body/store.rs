@@ -1,0 +1,221 @@
+//! The tokenizers of all backends: one [`ModelTokenizer`] per directory, shared
+//! by every backend that names it, loaded off the request path and reloaded when
+//! the directory's files change (size or modification time of `tokenizer.json`,
+//! `tokenizer_config.json`, `chat_template.jinja`, polled).
+//!
+//! A directory that cannot be loaded is kept as its error: body requests for its
+//! backends fall back (fail-open) and `/readyz` and `/policy` show the error. A
+//! reload that fails keeps nothing of the old tokenizer: the files on disk are
+//! what the engine uses too, so an old tokenizer could route on wrong ids.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
+
+use super::tokenizer::{CHAT_TEMPLATE_JINJA, ModelTokenizer, TOKENIZER_CONFIG, TOKENIZER_JSON};
+use crate::adapters::resolve::DEFAULT_NAMESPACE;
+use crate::crd::cache_backend::CacheBackend;
+
+/// How often the tokenizer directories are checked for changes.
+pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
+
+/// (namespace, name) of a CacheBackend.
+pub type BackendKey = (String, String);
+
+/// What a backend's tokenizer is, for a request.
+#[derive(Clone, Debug)]
+pub enum TokenizerState {
+    Ready(Arc<ModelTokenizer>),
+    /// The backend has no `spec.tokenizer`.
+    NotConfigured,
+    /// Configured, not loaded yet (the first load runs in the background).
+    Loading,
+    Broken(String),
+}
+
+/// Sizes and modification times of a directory's tokenizer files.
+type Fingerprint = Vec<Option<(u64, SystemTime)>>;
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    loaded: Result<Arc<ModelTokenizer>, String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    paths: Arc<BTreeMap<BackendKey, PathBuf>>,
+    dirs: HashMap<PathBuf, Entry>,
+}
+
+/// Every backend's tokenizer; see the module docs.
+#[derive(Debug, Default)]
+pub struct TokenizerStore {
+    state: RwLock<State>,
+    changed: tokio::sync::Notify,
+}
+
+impl TokenizerStore {
+    /// Takes the `spec.tokenizer.path` of `backends` (the policy source's current
+    /// objects). Directories no backend names any more are dropped; new ones are
+    /// loaded by the next [`refresh`](Self::refresh).
+    pub fn set<'a>(&self, backends: impl IntoIterator<Item = &'a CacheBackend>) {
+        let paths: BTreeMap<BackendKey, PathBuf> = backends
+            .into_iter()
+            .filter_map(|b| {
+                let path = b.spec.tokenizer.as_ref()?.path.clone();
+                let ns = b.metadata.namespace.clone();
+                let ns = ns.unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+                Some((
+                    (ns, b.metadata.name.clone().unwrap_or_default()),
+                    PathBuf::from(path),
+                ))
+            })
+            .collect();
+        let mut state = self.state.write();
+        if *state.paths == paths {
+            return;
+        }
+        state.dirs.retain(|dir, _| paths.values().any(|p| p == dir));
+        state.paths = Arc::new(paths);
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// Whether any backend is configured for body mode.
+    pub fn any_configured(&self) -> bool {
+        !self.state.read().paths.is_empty()
+    }
+
+    /// The tokenizer of one backend.
+    pub fn get(&self, namespace: &str, name: &str) -> TokenizerState {
+        let state = self.state.read();
+        let Some(dir) = state.paths.get(&(namespace.to_string(), name.to_string())) else {
+            return TokenizerState::NotConfigured;
+        };
+        match state.dirs.get(dir).map(|e| &e.loaded) {
+            None => TokenizerState::Loading,
+            Some(Ok(t)) => TokenizerState::Ready(t.clone()),
+            Some(Err(e)) => TokenizerState::Broken(e.clone()),
+        }
+    }
+
+    /// Loads new directories and reloads changed ones. Blocking (reads and parses
+    /// files of several MB): call it from `spawn_blocking` or at start.
+    pub fn refresh(&self) {
+        let paths = self.state.read().paths.clone();
+        let mut dirs: Vec<&PathBuf> = paths.values().collect();
+        dirs.sort();
+        dirs.dedup();
+        for dir in dirs {
+            let fingerprint = fingerprint(dir);
+            let current = self
+                .state
+                .read()
+                .dirs
+                .get(dir)
+                .map(|e| e.fingerprint.clone());
+            if current.as_ref() == Some(&fingerprint) {
+                continue;
+            }
+            let loaded = ModelTokenizer::load(dir).map(Arc::new);
+            match &loaded {
+                Ok(_) => {
+                    tracing::info!(dir = %dir.display(), reload = current.is_some(), "tokenizer loaded")
+                }
+                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "tokenizer not loaded"),
+            }
+            let mut state = self.state.write();
+            // The paths may have changed meanwhile; keep only what is still named.
+            if state.paths.values().any(|p| p == dir) {
+                state.dirs.insert(
+                    dir.clone(),
+                    Entry {
+                        fingerprint,
+                        loaded,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Configuration errors, one line per backend whose tokenizer is broken (for
+    /// `/readyz` and `/policy`).
+    pub fn problems(&self) -> Vec<String> {
+        let state = self.state.read();
+        state
+            .paths
+            .iter()
+            .filter_map(|((ns, name), dir)| match state.dirs.get(dir) {
+                Some(Entry { loaded: Err(e), .. }) => Some(format!(
+                    "CacheBackend {ns}/{name}: spec.tokenizer.path {}: {e}",
+                    dir.display()
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Per backend: its path and state (`ready`, `loading`, or the error).
+    pub fn describe(&self) -> Vec<(BackendKey, PathBuf, Result<&'static str, String>)> {
+        let state = self.state.read();
+        state
+            .paths
+            .iter()
+            .map(|(key, dir)| {
+                let s = match state.dirs.get(dir).map(|e| &e.loaded) {
+                    None => Ok("loading"),
+                    Some(Ok(_)) => Ok("ready"),
+                    Some(Err(e)) => Err(e.clone()),
+                };
+                (key.clone(), dir.clone(), s)
+            })
+            .collect()
+    }
+
+    /// Keeps the tokenizers current: refreshes at once when the paths change and
+    /// every `poll` otherwise, off the async workers. Runs until aborted.
+    pub async fn follow(self: Arc<Self>, poll: Duration) {
+        loop {
+            let store = self.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || store.refresh()).await {
+                tracing::error!(error = %e, "tokenizer refresh failed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(poll) => {}
+                () = self.changed.notified() => {}
+            }
+        }
+    }
+}
+
+fn fingerprint(dir: &Path) -> Fingerprint {
+    [TOKENIZER_JSON, TOKENIZER_CONFIG, CHAT_TEMPLATE_JINJA]
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(dir.join(f)).ok()?;
+            Some((m.len(), m.modified().ok()?))
+        })
+        .collect()
+}
+
+/// Kubernetes mode: keeps `store` on the cluster's CacheBackends plus the file's.
+pub async fn follow_cluster(
+    store: Arc<TokenizerStore>,
+    mut observed: tokio::sync::watch::Receiver<Arc<crate::adapters::kubernetes::watch::Observed>>,
+    file: tokio::sync::watch::Receiver<Arc<crate::adapters::policy_file::FileObjects>>,
+) {
+    loop {
+        {
+            let o = observed.borrow_and_update().clone();
+            let f = file.borrow().clone();
+            store.set(o.backends.iter().map(|b| &**b).chain(f.backends.iter()));
+        }
+        if observed.changed().await.is_err() {
+            return;
+        }
+    }
+}
