@@ -1,11 +1,14 @@
 //! KV event ingestion through a real ZMQ socket on loopback: a Rust PUB publishes
 //! vLLM-style batches (64 full blocks of 16 tokens each, array generation) to one
 //! [`Subscriber`]. Prints decode + apply throughput in blocks/s for the
-//! pass-through scheme and for `ic-content-v1` (own chain recomputed from the
-//! tokens), then publish → visible-in-LookupRoute lag p50/p99.
+//! pass-through scheme, `ic-content-v1` and `ic-content-v2` (own chain recomputed
+//! from the tokens), and `ic-content-v2+lora` (every event names a LoRA adapter and
+//! carries vLLM's per-block `extra_keys`, the salt on block 0 of each request), then
+//! publish → visible-in-LookupRoute lag p50/p99.
 //!
 //! Run: `cargo bench --bench kv_events`. Environment: IC_BENCH_BLOCKS (default
-//! 524,288 per scheme), IC_BENCH_LAG_SAMPLES (default 500).
+//! 524,288 per scheme), IC_BENCH_LAG_SAMPLES (default 500), IC_BENCH_SCHEMES
+//! (comma-separated subset and order of the four above).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -43,8 +46,12 @@ fn now_secs() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// One batch of `events` BlockStored events continuing a chain of engine hashes.
-fn batch(first_hash: u64, events: usize, blocks_per_event: usize) -> Vec<u8> {
+const LORA: &str = "sql-adapter";
+const SALT: &str = "tenant-7";
+
+/// One batch of `events` BlockStored events continuing a chain of engine hashes;
+/// with `identity`, as vLLM publishes a LoRA request with a cache salt.
+fn batch(first_hash: u64, events: usize, blocks_per_event: usize, identity: bool) -> Vec<u8> {
     let mut evs = Vec::new();
     let mut h = first_hash;
     for e in 0..events {
@@ -59,7 +66,7 @@ fn batch(first_hash: u64, events: usize, blocks_per_event: usize) -> Vec<u8> {
         let tokens: Vec<Value> = (0..(blocks_per_event * BLOCK) as u64)
             .map(|t| Value::from((h.wrapping_mul(31) + t) % 150_000))
             .collect();
-        evs.push(Value::Array(vec![
+        let mut event = vec![
             Value::from("BlockStored"),
             Value::Array(hashes),
             parent,
@@ -67,7 +74,24 @@ fn batch(first_hash: u64, events: usize, blocks_per_event: usize) -> Vec<u8> {
             Value::from(BLOCK as u64),
             Value::Nil,
             Value::from("GPU"),
-        ]));
+        ];
+        if identity {
+            // lora_id, lora_name, extra_keys: the adapter on every block, the salt
+            // on block 0 of the request.
+            event[5] = Value::from(1);
+            event.push(Value::from(LORA));
+            let extra = (0..blocks_per_event)
+                .map(|i| {
+                    let mut keys = vec![Value::from(LORA)];
+                    if e == 0 && i == 0 {
+                        keys.push(Value::from(SALT));
+                    }
+                    Value::Array(keys)
+                })
+                .collect();
+            event.push(Value::Array(extra));
+        }
+        evs.push(Value::Array(event));
         h += blocks_per_event as u64;
     }
     let v = Value::Array(vec![Value::F64(now_secs()), Value::Array(evs), Value::Nil]);
@@ -92,10 +116,16 @@ struct Rig {
     _subscriber: Subscriber,
     seq: u64,
     scheme: &'static str,
+    identity: bool,
+    name: &'static str,
 }
 
 impl Rig {
-    async fn new(scheme: &'static str) -> Self {
+    async fn new(name: &'static str) -> Self {
+        let (scheme, identity) = match name.strip_suffix("+lora") {
+            Some(s) => (s, true),
+            None => (name, false),
+        };
         let router = Arc::new(Router::new(
             IndexConfig {
                 max_entries: 50_000_000,
@@ -148,10 +178,12 @@ impl Rig {
             _subscriber: subscriber,
             seq: 0,
             scheme,
+            identity,
+            name,
         };
         // PUB drops until the subscription arrives.
         while rig.metrics.batches() == 0 {
-            rig.send(batch(u64::MAX / 2, 0, 0)).await;
+            rig.send(batch(u64::MAX / 2, 0, 0, false)).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         rig
@@ -174,6 +206,7 @@ impl Rig {
                     1 + (i * BLOCKS_PER_BATCH) as u64,
                     EVENTS_PER_BATCH,
                     BLOCKS_PER_EVENT,
+                    self.identity,
                 )
             })
             .collect();
@@ -192,8 +225,8 @@ impl Rig {
         assert_eq!(self.metrics.gaps(), 0, "batches were lost on the wire");
         let held = self.router.view(Timestamp::now()).total_entries;
         println!(
-            "{:>14}: {} blocks sent, {held} index entries afterwards",
-            self.scheme,
+            "{:>18}: {} blocks sent, {held} index entries afterwards",
+            self.name,
             batches * BLOCKS_PER_BATCH
         );
         (batches * BLOCKS_PER_BATCH) as f64 / secs
@@ -206,6 +239,8 @@ impl Rig {
             hash_scheme: self.scheme,
             block_hashes: chain,
             block_token_counts: counts,
+            lora_adapter: if self.identity { LORA } else { "" },
+            cache_salt: if self.identity { SALT } else { "" },
             ..LookupRequest::default()
         };
         let d = self.router.lookup(&req, Timestamp::now());
@@ -216,14 +251,15 @@ impl Rig {
         let mut lags = Vec::with_capacity(samples);
         for i in 0..samples {
             let first = (1u64 << 40) + (i as u64) * 1000;
-            let payload = batch(first, 1, 8);
-            let chain: Vec<u64> = if self.scheme == Scheme::ContentV1.name() {
-                let tokens: Vec<u32> = (0..(8 * BLOCK) as u64)
-                    .map(|t| ((first.wrapping_mul(31) + t) % 150_000) as u32)
-                    .collect();
-                chain::compute_chain(Scheme::ContentV1, &tokens, BLOCK as u32, None).expect("chain")
-            } else {
-                (first..first + 8).collect()
+            let payload = batch(first, 1, 8, self.identity);
+            let chain: Vec<u64> = match Scheme::from_name(self.scheme) {
+                Some(s @ (Scheme::ContentV1 | Scheme::ContentV2)) => {
+                    let tokens: Vec<u32> = (0..(8 * BLOCK) as u64)
+                        .map(|t| ((first.wrapping_mul(31) + t) % 150_000) as u32)
+                        .collect();
+                    chain::compute_chain(s, &tokens, BLOCK as u32, None).expect("chain")
+                }
+                _ => (first..first + 8).collect(),
             };
             let counts = vec![BLOCK as u32; chain.len()];
             let start = Instant::now();
@@ -249,17 +285,33 @@ async fn main() {
     println!(
         "kv_events bench: {blocks} blocks per scheme, {BLOCKS_PER_BATCH} blocks per batch, real ZMQ socket on loopback"
     );
-    for scheme in ["engine-raw", "ic-content-v1"] {
+    let schemes = std::env::var("IC_BENCH_SCHEMES").unwrap_or_else(|_| {
+        "engine-raw,ic-content-v1,ic-content-v2,ic-content-v2+lora".to_string()
+    });
+    for scheme in schemes.split(',') {
+        let scheme: &'static str = match scheme.trim() {
+            "engine-raw" => "engine-raw",
+            "ic-content-v1" => "ic-content-v1",
+            "ic-content-v2" => "ic-content-v2",
+            "ic-content-v2+lora" => "ic-content-v2+lora",
+            other => panic!("IC_BENCH_SCHEMES: unknown {other:?}"),
+        };
         let mut rig = Rig::new(scheme).await;
         let rate = rig.throughput(blocks).await;
         let (p50, p99) = rig.lag(samples).await;
+        // Issue 12: the xxh3 scheme is to reach 3M blocks/s; the others 500k.
+        let target = if scheme.starts_with("ic-content-v2") {
+            3_000_000.0
+        } else {
+            500_000.0
+        };
         println!(
-            "{scheme:>14}: decode+apply {:>10.0} blocks/s ({}), publish→visible lag p50 {:?} p99 {:?}",
+            "{scheme:>18}: decode+apply {:>10.0} blocks/s ({} {target}), publish→visible lag p50 {:?} p99 {:?}",
             rate,
-            if rate >= 500_000.0 {
-                "target 500,000 met"
+            if rate >= target {
+                "target met:"
             } else {
-                "BELOW target 500,000"
+                "BELOW target"
             },
             p50,
             p99

@@ -15,9 +15,15 @@ Which bytes come from where:
 - The `test_real_sglang_*` tests publish with SGLang's own `ZmqEventPublisher` and
   event classes (0.5.23 and 0.5.3, from the PyPI wheels: see engines.py).
 - `test_oversized_frame_*` speaks raw ZMTP over a socket.
+- The `ic-content-v2` tests send vLLM 0.33's `lora_name` / `extra_keys` (shapes
+  from its `kv_cache_utils.to_event_extra_keys`: untagged, the adapter name first,
+  the salt on block 0 only) and SGLang 0.5.23's own `lora_name` / `cache_salt`; the
+  expected chains come from `inferencecache chain` and from `content_chain_v2`
+  below, written from docs/hash-schemes.md.
 """
 
 import hashlib
+import http.client
 import pathlib
 import re
 import shutil
@@ -33,6 +39,7 @@ from typing import Optional, Union
 import msgspec
 import pytest
 import requests
+import xxhash
 import zmq
 
 import engines
@@ -53,6 +60,7 @@ class ArrStored(msgspec.Struct, array_like=True, tag="BlockStored"):
     lora_id: Optional[int] = None
     medium: Optional[str] = "GPU"
     lora_name: Optional[str] = None
+    extra_keys: Optional[list] = None
 
 
 class ArrRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved"):
@@ -78,6 +86,7 @@ class MapStored(msgspec.Struct, tag_field="type", tag="BlockStored", omit_defaul
     lora_id: Optional[int] = None
     medium: Optional[str] = "GPU"
     lora_name: Optional[str] = None
+    extra_keys: Optional[list] = None
 
 
 class MapRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", omit_defaults=True):
@@ -109,6 +118,26 @@ def content_chain(tokens):
         parent = int.from_bytes(hashlib.sha256(data).digest()[-8:], "big")
         out.append(parent)
     return out
+
+
+def _lp(b: bytes) -> bytes:
+    return struct.pack("<I", len(b)) + b
+
+
+def content_chain_v2(tokens, lora="", salt=""):
+    """ic-content-v2 index keys of a token-only prompt, from docs/hash-schemes.md
+    (the client chain when lora and salt are empty)."""
+    out, parent = [], None
+    for i in range(0, len(tokens) - len(tokens) % BLOCK, BLOCK):
+        data = bytes([parent is not None]) + struct.pack("<Q", parent or 0)
+        data += struct.pack("<I", BLOCK) + b"".join(struct.pack("<I", t) for t in tokens[i:i + BLOCK])
+        data += struct.pack("<I", 0)
+        parent = xxhash.xxh3_64_intdigest(data)
+        out.append(parent)
+    if not lora and not salt:
+        return out
+    d = xxhash.xxh3_64_intdigest(_lp(lora.encode()) + _lp(salt.encode())) or 1
+    return [xxhash.xxh3_64_intdigest(struct.pack("<QQ", d, c)) for c in out]
 
 
 class Publisher:
@@ -294,11 +323,11 @@ class KvStack:
         snap = requests.get(f"{self.admin}/snapshot", timeout=2).json()
         return sum(r["prefixCount"] for r in snap["replicas"] if r["replicaId"] == replica)
 
-    def route(self, chain):
-        r = self.route_response(chain)
+    def route(self, chain, **identity):
+        r = self.route_response(chain, **identity)
         return r.headers.get("x-inferencecache-reason"), r.headers.get("x-inferencecache-replica"), r.text
 
-    def route_response(self, chain):
+    def route_response(self, chain, lora="", salt=""):
         headers = {
             "x-inferencecache-tenant": TENANT,
             "x-inferencecache-model": MODEL,
@@ -307,6 +336,10 @@ class KvStack:
             "x-inferencecache-block-token-counts": ",".join(str(BLOCK) for _ in chain),
             "x-inferencecache-debug": "1",
         }
+        if lora:
+            headers["x-inferencecache-lora-adapter"] = lora
+        if salt:
+            headers["x-inferencecache-cache-salt"] = salt
         r = self.envoy.get(headers)
         assert r.status_code == 200
         return r
@@ -519,10 +552,11 @@ def test_removed_replica_stops_its_subscriber(stack):
     assert stack.prefix_count("replica-a") == 0
 
 
-def run_chain(scheme, toks, seed=None):
+def run_chain(scheme, toks, seed=None, *extra):
     args = [sidecar_binary(), "chain", "--scheme", scheme, "--block-size", str(BLOCK)]
     if seed is not None:
         args += ["--hash-seed", seed]
+    args += list(extra)
     out = subprocess.run(args, input=" ".join(map(str, toks)), capture_output=True,
                          text=True, check=True).stdout.strip()
     return [int(x, 16) for x in out.split(",")]
@@ -550,6 +584,64 @@ def test_end_to_end_with_inferencecache_chain(scheme):
         s.close()
 
 
+@pytest.mark.parametrize("generation", ["array", "map"])
+def test_lora_and_salt_blocks_match_only_requests_with_the_same_identity(generation):
+    """ic-content-v2: replica-a holds a prompt under LoRA adapter "sql" with cache
+    salt "t7" (vLLM 0.33's events: lora_name on each, extra_keys per block with the
+    salt on block 0 only, the second event continuing the first), replica-b the
+    same tokens without either. Each request matches only its own identity's
+    blocks; `inferencecache chain` and the documented algorithm agree."""
+    s = KvStack(scheme="ic-content-v2", generation=generation)
+    try:
+        a, b = s.pubs["replica-a"], s.pubs["replica-b"]
+        toks = tokens(90_000, 8)
+        keys = [["sql", "t7"]] + [["sql"]] * 3
+        a.send([a.stored([1, 2, 3, 4], None, toks[:64], lora_id=1, lora_name="sql",
+                         extra_keys=keys),
+                a.stored([5, 6, 7, 8], 4, toks[64:], lora_id=1, lora_name="sql",
+                         extra_keys=[["sql"]] * 4)])
+        b.send([b.stored([21, 22, 23, 24, 25, 26, 27, 28], None, toks)])
+        s.wait_count("replica-a", 8)
+        s.wait_count("replica-b", 8)
+
+        chain = run_chain("ic-content-v2", toks)
+        assert chain == content_chain_v2(toks)
+        assert run_chain("ic-content-v2", toks, None, "--lora-adapter", "sql", "--cache-salt",
+                         "t7", "--index-keys") == content_chain_v2(toks, "sql", "t7")
+        r = s.route_response(chain, lora="sql", salt="t7")
+        assert (r.headers["x-inferencecache-reason"], r.headers["x-inferencecache-replica"],
+                r.headers["x-inferencecache-matched-tokens"]) == ("PREFIX_MATCH", "replica-a", "128")
+        r = s.route_response(chain)
+        assert (r.headers["x-inferencecache-reason"], r.headers["x-inferencecache-replica"],
+                r.headers["x-inferencecache-matched-tokens"]) == ("PREFIX_MATCH", "replica-b", "128")
+        # The adapter without the salt, the salt without the adapter, another
+        # adapter: no replica holds those blocks.
+        for identity in ({"lora": "sql"}, {"salt": "t7"}, {"lora": "chat", "salt": "t7"}):
+            assert s.route(chain, **identity)[0] != "PREFIX_MATCH", identity
+        # A repeated identity header is malformed: NO_HINT, and the echo says why.
+        headers = {
+            "x-inferencecache-tenant": TENANT, "x-inferencecache-model": MODEL,
+            "x-inferencecache-hash-scheme": "ic-content-v2",
+            "x-inferencecache-block-hashes": ",".join(f"{x:x}" for x in chain),
+            "x-inferencecache-block-token-counts": ",".join(str(BLOCK) for _ in chain),
+            "x-inferencecache-debug": "1",
+        }
+        conn = http.client.HTTPConnection(s.envoy.url.split("//")[1], timeout=5)
+        conn.putrequest("GET", "/v1/completions")
+        for k, v in list(headers.items()) + [("x-inferencecache-cache-salt", "t7"),
+                                             ("x-inferencecache-cache-salt", "t8")]:
+            conn.putheader(k, v)
+        conn.endheaders()
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        assert r.getheader("x-inferencecache-reason") == "NO_HINT"
+        assert "x-inferencecache-cache-salt appears more than once" in \
+            r.getheader("x-inferencecache-detail")
+    finally:
+        s.close()
+
+
 # --- SGLang's own publisher and classes (0.5.23 and 0.5.3 wheels) -------------
 
 def page_hash(data: bytes) -> int:
@@ -557,7 +649,7 @@ def page_hash(data: bytes) -> int:
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
 
 
-def sglang_pages(kv, version, pages):
+def sglang_pages(kv, version, pages, **identity):
     """One BlockStored per page, as SGLang's radix cache publishes them. 0.5.3
     names a page by a hash of its own tokens only (so a page repeated under
     another prefix repeats its hash, with another parent); 0.5.23 chains."""
@@ -569,7 +661,8 @@ def sglang_pages(kv, version, pages):
         else:
             h = page_hash((parent or 0).to_bytes(8, "big", signed=True) + tok)
         events.append(kv.BlockStored(block_hashes=[h], parent_block_hash=parent,
-                                     token_ids=list(page), block_size=BLOCK, lora_id=None))
+                                     token_ids=list(page), block_size=BLOCK, lora_id=None,
+                                     **identity))
         parent = h
     return events
 
@@ -620,6 +713,34 @@ def test_real_sglang_publisher_warm_start_shared_pages_and_restart(version):
         r = s.route_response(content_chain(sum(p3, [])))
         assert r.headers["x-inferencecache-matched-tokens"] == str(9 * BLOCK)
         assert s.replica("replica-a")["kvEventsStale"] is False
+    finally:
+        if s:
+            s.close()
+        publisher.shutdown()
+
+
+def test_real_sglang_0523_lora_name_and_cache_salt():
+    """SGLang 0.5.23's own BlockStored carries lora_name and cache_salt on every
+    page event: under ic-content-v2 its pages match only requests naming both."""
+    kv = engines.sglang_kv_events("0.5.23")
+    port, replay = free_port(), free_port()
+    publisher = kv.ZmqEventPublisher(0, endpoint=f"tcp://*:{port}",
+                                     replay_endpoint=f"tcp://*:{replay}", topic="kv")
+    s = None
+    try:
+        pages = [list(range(30_000 + i * BLOCK, 30_000 + (i + 1) * BLOCK)) for i in range(8)]
+        sglang_publish(kv, publisher, sglang_pages(kv, "0.5.23", pages, lora_name="sql",
+                                                   cache_salt="t7"))
+        time.sleep(0.2)
+        s = KvStack(scheme="ic-content-v2", hosts={},
+                    external={"replica-a": f"tcp://127.0.0.1:{port}"}, replay_port=replay)
+        s.wait_count("replica-a", 8, "after the warm start")
+        chain = content_chain_v2(sum(pages, []))
+        r = s.route_response(chain, lora="sql", salt="t7")
+        assert (r.headers["x-inferencecache-reason"], r.headers["x-inferencecache-replica"],
+                r.headers["x-inferencecache-matched-tokens"]) == ("PREFIX_MATCH", "replica-a", "128")
+        for identity in ({}, {"lora": "sql"}, {"salt": "t7"}):
+            assert s.route(chain, **identity)[0] != "PREFIX_MATCH", identity
     finally:
         if s:
             s.close()

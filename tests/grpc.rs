@@ -415,3 +415,75 @@ async fn a_holder_its_engine_reports_swamped_spills_and_the_answer_says_so() {
         .into_inner();
     assert_eq!(again.scores[0].replica_id, moved.scores[0].replica_id);
 }
+
+/// Contract §12: `lora_adapter` / `cache_salt` select the blocks stored under the
+/// same identity (ic-content-v2; IngestEvents carries the index keys, as
+/// `chain::own_chain` computes them), and an oversized one is refused.
+#[tokio::test]
+async fn lookup_identity_fields_select_the_blocks_of_that_identity() {
+    use inferencecache::core::chain::{self, BlockIdentity, IC_CONTENT_V2, Scheme};
+    let Servers {
+        lookup: mut client,
+        mut ingest,
+        ..
+    } = mk_server().await;
+    let tokens: Vec<u32> = (0..96).collect();
+    let holders = [("r1", "", ""), ("r2", "sql", ""), ("r3", "", "tenant-7")];
+    for (replica, lora, salt) in holders {
+        let keys = chain::own_chain(
+            Scheme::ContentV2,
+            16,
+            &tokens,
+            &BlockIdentity {
+                lora,
+                salt,
+                mm: &[],
+            },
+        )
+        .unwrap();
+        let mut req = ingest_req(replica, vec![stored(&keys)]);
+        req.hash_scheme = IC_CONTENT_V2.into();
+        req.endpoint = format!("10.0.0.{}:8000", &replica[1..]);
+        let out = ingest.ingest_events(req).await.unwrap().into_inner();
+        assert_eq!((out.applied, out.rejected), (1, 0));
+    }
+    let chain = chain::compute_chain(Scheme::ContentV2, &tokens, 16, None).unwrap();
+    let ask = |lora: &str, salt: &str| {
+        let mut req = scope_req(&chain);
+        req.hash_scheme = IC_CONTENT_V2.into();
+        req.lora_adapter = lora.into();
+        req.cache_salt = salt.into();
+        req
+    };
+    for (lora, salt, holder) in holders.map(|(r, l, s)| (l, s, r)) {
+        let resp = client
+            .lookup_route(ask(lora, salt))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            resp.reason_code(),
+            pb::ReasonCode::PrefixMatch,
+            "{lora:?}/{salt:?}"
+        );
+        assert_eq!(
+            resp.scores.len(),
+            1,
+            "only {holder} holds it: {:?}",
+            resp.scores
+        );
+        assert_eq!(resp.scores[0].replica_id, holder);
+        assert_eq!(resp.scores[0].matched_tokens, 96);
+    }
+    let resp = client
+        .lookup_route(ask("sql", "tenant-7"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(resp.reason_code(), pb::ReasonCode::PrefixMatch);
+
+    let long = "x".repeat(chain::content_v2::MAX_IDENTITY_LEN + 1);
+    let err = client.lookup_route(ask("", &long)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("cache_salt"), "{}", err.message());
+}

@@ -24,6 +24,7 @@ use crate::adapters::apply::{ApplyError, apply};
 use crate::adapters::ingest::{Cost, IngestGuard};
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
+use crate::core::chain::content_v2::MAX_IDENTITY_LEN;
 use crate::core::decision::outcome::{Decision, ReasonCode, Strategy};
 use crate::core::decision::request::LookupRequest;
 use crate::core::index::{IndexEvent, IngestError, ReplicaStats, StatsReport};
@@ -210,6 +211,17 @@ fn check_lookup_limits(req: &pb::LookupRouteRequest) -> Result<(), Status> {
             req.candidate_replicas.len()
         )));
     }
+    for (field, v) in [
+        ("lora_adapter", &req.lora_adapter),
+        ("cache_salt", &req.cache_salt),
+    ] {
+        if v.len() > MAX_IDENTITY_LEN {
+            return Err(Status::invalid_argument(format!(
+                "{field} has {} bytes; at most {MAX_IDENTITY_LEN} are accepted",
+                v.len()
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -224,6 +236,8 @@ pub fn lookup_request(req: &pb::LookupRouteRequest) -> LookupRequest<'_> {
         block_hashes: &req.block_hashes,
         block_token_counts: &req.block_token_counts,
         candidate_replicas: &req.candidate_replicas,
+        lora_adapter: &req.lora_adapter,
+        cache_salt: &req.cache_salt,
     }
 }
 

@@ -7,16 +7,26 @@
 //!
 //! - [`IC_CONTENT_V1`]: our own content chain. The KV event subscriber recomputes it
 //!   from each event's `token_ids`, so it matches whatever the engine's own hash
-//!   algorithm or seed.
+//!   algorithm or seed. Token ids only.
+//! - [`IC_CONTENT_V2`]: our own content chain with vLLM's block identity: multimodal
+//!   inputs in the chain, the LoRA adapter and cache salt in the index key
+//!   ([`content_v2`]); xxh3-64, so cheap enough to recompute for every stored block.
 //! - [`VLLM_SHA256_CBOR`]: vLLM's `sha256_cbor` block hash, byte for byte; needs the
 //!   engine's `PYTHONHASHSEED`.
 //! - [`ENGINE_RAW`]: the engine's hashes as published; the client computes them.
 
+pub mod content_v2;
+
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+pub use content_v2::{BlockIdentity, Extra, MmInput};
+
 /// Our own content chain (SHA-256 over parent value and token ids).
 pub const IC_CONTENT_V1: &str = "ic-content-v1";
+/// Our own content chain with block identity (xxh3-64; LoRA adapter, cache salt,
+/// multimodal inputs).
+pub const IC_CONTENT_V2: &str = "ic-content-v2";
 /// vLLM `--prefix-caching-hash-algo sha256_cbor` with a fixed `PYTHONHASHSEED`.
 pub const VLLM_SHA256_CBOR: &str = "vllm-sha256-cbor";
 /// The engine's published hashes, used as they are.
@@ -26,12 +36,18 @@ pub const ENGINE_RAW: &str = "engine-raw";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
     ContentV1,
+    ContentV2,
     VllmSha256Cbor,
     EngineRaw,
 }
 
 impl Scheme {
-    pub const ALL: [Scheme; 3] = [Self::ContentV1, Self::VllmSha256Cbor, Self::EngineRaw];
+    pub const ALL: [Scheme; 4] = [
+        Self::ContentV1,
+        Self::ContentV2,
+        Self::VllmSha256Cbor,
+        Self::EngineRaw,
+    ];
 
     /// The scheme of a scope's `hash_scheme`, if it is one of ours.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -41,6 +57,7 @@ impl Scheme {
     pub fn name(self) -> &'static str {
         match self {
             Self::ContentV1 => IC_CONTENT_V1,
+            Self::ContentV2 => IC_CONTENT_V2,
             Self::VllmSha256Cbor => VLLM_SHA256_CBOR,
             Self::EngineRaw => ENGINE_RAW,
         }
@@ -56,21 +73,49 @@ pub enum ChainError {
     NotComputable,
     #[error("{VLLM_SHA256_CBOR} needs the engine's PYTHONHASHSEED (--hash-seed)")]
     MissingSeed,
+    #[error(
+        "{0} hashes token ids only; a LoRA adapter, cache salt or multimodal input needs {IC_CONTENT_V2}"
+    )]
+    NoIdentity(&'static str),
+    #[error("{what} is longer than {max} bytes", max = content_v2::MAX_IDENTITY_LEN)]
+    IdentityTooLong { what: &'static str },
 }
 
 /// The chain of `token_ids` under `scheme`, one value per full block, block 0 first.
 /// `hash_seed` is the engine's `PYTHONHASHSEED` (only [`Scheme::VllmSha256Cbor`]).
+/// This is what a client sends in `x-inferencecache-block-hashes`; under
+/// [`Scheme::ContentV2`] the request's adapter and salt travel beside it.
 pub fn compute_chain(
     scheme: Scheme,
     token_ids: &[u32],
     block_size: u32,
     hash_seed: Option<&str>,
 ) -> Result<Vec<u64>, ChainError> {
+    client_chain(scheme, token_ids, block_size, hash_seed, &[])
+}
+
+/// [`compute_chain`] with the prompt's multimodal inputs ([`Scheme::ContentV2`]
+/// only: other schemes refuse them).
+pub fn client_chain(
+    scheme: Scheme,
+    token_ids: &[u32],
+    block_size: u32,
+    hash_seed: Option<&str>,
+    mm: &[MmInput<'_>],
+) -> Result<Vec<u64>, ChainError> {
     if block_size == 0 {
         return Err(ChainError::ZeroBlockSize);
     }
+    if !mm.is_empty() && scheme != Scheme::ContentV2 {
+        return Err(ChainError::NoIdentity(scheme.name()));
+    }
     let blocks = token_ids.chunks_exact(block_size as usize);
     match scheme {
+        Scheme::ContentV2 => Ok(content_v2::content_chain(
+            block_size as usize,
+            token_ids,
+            mm,
+        )),
         Scheme::ContentV1 => {
             let mut parent = None;
             Ok(blocks
@@ -92,6 +137,59 @@ pub fn compute_chain(
         }
         Scheme::EngineRaw => Err(ChainError::NotComputable),
     }
+}
+
+/// The values the index holds for a request's blocks under `scheme` (what the KV
+/// event translation stores for the same blocks): the [`client_chain`] with the
+/// identity's multimodal inputs, then, under [`Scheme::ContentV2`], each value keyed
+/// by the adapter and salt ([`content_v2::identity_key`]).
+///
+/// For a lookup, send the [`client_chain`] and put the adapter and salt in the
+/// request (`LookupRequest::lora_adapter` / `cache_salt`): the router applies the
+/// identity itself, so these keys must not be sent as block hashes.
+pub fn own_chain(
+    scheme: Scheme,
+    block_size: u32,
+    token_ids: &[u32],
+    identity: &BlockIdentity<'_>,
+) -> Result<Vec<u64>, ChainError> {
+    check_identity(scheme, identity.lora, identity.salt)?;
+    let mut chain = client_chain(scheme, token_ids, block_size, None, identity.mm)?;
+    if let Some(d) = content_v2::identity_digest(identity.lora, identity.salt) {
+        for v in &mut chain {
+            *v = content_v2::identity_key(Some(d), *v);
+        }
+    }
+    Ok(chain)
+}
+
+/// Whether `scheme` can carry a request's adapter and salt, and they fit.
+pub fn check_identity(scheme: Scheme, lora: &str, salt: &str) -> Result<(), ChainError> {
+    for (what, v) in [("the LoRA adapter", lora), ("the cache salt", salt)] {
+        if v.len() > content_v2::MAX_IDENTITY_LEN {
+            return Err(ChainError::IdentityTooLong { what });
+        }
+    }
+    if (!lora.is_empty() || !salt.is_empty()) && scheme != Scheme::ContentV2 {
+        return Err(ChainError::NoIdentity(scheme.name()));
+    }
+    Ok(())
+}
+
+/// The index keys of a request's chain: `Some` only when the scope's scheme is
+/// [`IC_CONTENT_V2`] and the request names an adapter or salt (otherwise the chain
+/// is looked up as sent).
+pub fn request_keys(hash_scheme: &str, chain: &[u64], lora: &str, salt: &str) -> Option<Vec<u64>> {
+    if hash_scheme != IC_CONTENT_V2 {
+        return None;
+    }
+    let d = content_v2::identity_digest(lora, salt)?;
+    Some(
+        chain
+            .iter()
+            .map(|&v| content_v2::identity_key(Some(d), v))
+            .collect(),
+    )
 }
 
 /// One [`IC_CONTENT_V1`] block: SHA-256 over the parent's value (8 bytes
@@ -246,6 +344,158 @@ mod tests {
             header_value(&compute_chain(Scheme::ContentV1, &ones, 16, None).unwrap()),
             "6b231ce80a6f7313"
         );
+    }
+
+    /// The vectors of docs/hash-schemes.md (also computed there in Python).
+    #[test]
+    fn content_v2_matches_the_documented_vectors() {
+        let tokens: Vec<u32> = (1..=32).collect();
+        let hex = |c: &[u64]| header_value(c);
+        let plain = compute_chain(Scheme::ContentV2, &tokens, 16, None).unwrap();
+        assert_eq!(hex(&plain), "c435cf40cf0291b0,ad19b8574e4e6a10");
+        let own = |lora, salt, mm| {
+            hex(&own_chain(
+                Scheme::ContentV2,
+                16,
+                &tokens,
+                &BlockIdentity { lora, salt, mm },
+            )
+            .unwrap())
+        };
+        assert_eq!(
+            own("", "", &[]),
+            hex(&plain),
+            "no identity: keys are the chain"
+        );
+        assert_eq!(
+            own("sql-adapter", "", &[]),
+            "35d55187f7dd8aa9,2098b74b4fad7bd2"
+        );
+        assert_eq!(
+            own("", "tenant-7", &[]),
+            "7c04193dec580da2,4d305575f3f992b0"
+        );
+        assert_eq!(
+            own("sql-adapter", "tenant-7", &[]),
+            "ae4c1ae04f1fba83,e28e97d1f08eddb5"
+        );
+        assert_eq!(
+            content_v2::identity_digest("sql-adapter", "tenant-7"),
+            Some(0xfdf4_6a07_1aaa_ba3a)
+        );
+        let image = [MmInput {
+            identifier: "img-abc",
+            offset: 10,
+            length: 20,
+        }];
+        assert_eq!(own("", "", &image), "ded813868196dc69,874e475c093fc697");
+        assert_eq!(
+            hex(&client_chain(Scheme::ContentV2, &tokens, 16, None, &image).unwrap()),
+            "ded813868196dc69,874e475c093fc697"
+        );
+        // The router's keys for a request are the same as own_chain's.
+        assert_eq!(
+            request_keys(IC_CONTENT_V2, &plain, "sql-adapter", "tenant-7").map(|k| hex(&k)),
+            Some(own("sql-adapter", "tenant-7", &[]))
+        );
+        assert_eq!(request_keys(IC_CONTENT_V2, &plain, "", ""), None);
+        assert_eq!(request_keys(IC_CONTENT_V1, &plain, "a", ""), None);
+        // ic-content-v1 keeps its values.
+        assert_eq!(
+            hex(&compute_chain(Scheme::ContentV1, &tokens[..16], 16, None).unwrap()),
+            "6b231ce80a6f7313"
+        );
+    }
+
+    #[test]
+    fn identity_needs_content_v2_and_fits_its_limit() {
+        let t = [1u32; 16];
+        let lora = BlockIdentity {
+            lora: "a",
+            ..BlockIdentity::default()
+        };
+        for s in [Scheme::ContentV1, Scheme::VllmSha256Cbor, Scheme::EngineRaw] {
+            assert_eq!(
+                own_chain(s, 16, &t, &lora),
+                Err(ChainError::NoIdentity(s.name()))
+            );
+        }
+        let image = [MmInput {
+            identifier: "i",
+            offset: 0,
+            length: 1,
+        }];
+        assert_eq!(
+            client_chain(Scheme::ContentV1, &t, 16, None, &image),
+            Err(ChainError::NoIdentity(IC_CONTENT_V1))
+        );
+        let long = "x".repeat(content_v2::MAX_IDENTITY_LEN + 1);
+        assert_eq!(
+            check_identity(Scheme::ContentV2, "", &long),
+            Err(ChainError::IdentityTooLong {
+                what: "the cache salt"
+            })
+        );
+        assert!(check_identity(Scheme::ContentV2, &long[1..], "").is_ok());
+    }
+
+    #[test]
+    fn different_identities_never_share_a_key() {
+        let t: Vec<u32> = (0..64).collect();
+        let img = |identifier, offset| {
+            [MmInput {
+                identifier,
+                offset,
+                length: 8,
+            }]
+        };
+        let (a, b, c) = (img("a", 3), img("b", 3), img("a", 4));
+        let ids = [
+            BlockIdentity::default(),
+            BlockIdentity {
+                lora: "x",
+                ..Default::default()
+            },
+            BlockIdentity {
+                lora: "y",
+                ..Default::default()
+            },
+            BlockIdentity {
+                salt: "x",
+                ..Default::default()
+            },
+            BlockIdentity {
+                lora: "x",
+                salt: "x",
+                mm: &[],
+            },
+            BlockIdentity {
+                mm: &a,
+                ..Default::default()
+            },
+            BlockIdentity {
+                mm: &b,
+                ..Default::default()
+            },
+            BlockIdentity {
+                mm: &c,
+                ..Default::default()
+            },
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            for (blk, k) in own_chain(Scheme::ContentV2, 16, &t, id)
+                .unwrap()
+                .into_iter()
+                .enumerate()
+            {
+                // An image in block 0 only changes block 0's content; every later
+                // block differs through its parent.
+                if let Some(prev) = seen.insert(k, (i, blk)) {
+                    panic!("identity {i} block {blk} repeats identity {prev:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
+use super::chain;
 use super::decision::{self, outcome::Decision, request::LookupRequest};
 use super::index::{
     Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
@@ -80,7 +81,23 @@ impl Router {
 
     /// One LookupRoute decision.
     pub fn lookup(&self, req: &LookupRequest<'_>, now: Timestamp) -> Decision {
-        decision::decide(&self.index, &self.snapshot.load(), req, now)
+        let keys = Self::identity_keys(req);
+        let req = keys.as_deref().map_or(*req, |k| LookupRequest {
+            block_hashes: k,
+            ..*req
+        });
+        decision::decide(&self.index, &self.snapshot.load(), &req, now)
+    }
+
+    /// The chain as the index holds it when the request names an adapter or salt
+    /// under `ic-content-v2` (see `chain::content_v2`); `None`: as sent.
+    fn identity_keys(req: &LookupRequest<'_>) -> Option<Vec<u64>> {
+        chain::request_keys(
+            req.hash_scheme,
+            req.block_hashes,
+            req.lora_adapter,
+            req.cache_salt,
+        )
     }
 
     /// The request of `decision` really goes to its pick (the ext_proc path): count
@@ -100,7 +117,8 @@ impl Router {
             req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
         };
         let inflight = decision.admit(requested)?;
-        let chain = req.block_hashes;
+        let keys = Self::identity_keys(req);
+        let chain = keys.as_deref().unwrap_or(req.block_hashes);
         if !chain.is_empty() && chain.len() == req.block_token_counts.len() {
             let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
             let ttl = self

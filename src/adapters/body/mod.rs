@@ -141,6 +141,10 @@ impl BodyMode {
             prefix_tokens: 0,
             block_token_counts: vec![block_size; block_hashes.len()],
             block_hashes,
+            // ic-content-v1 hashes token ids only: an adapter or salt would change
+            // nothing (body mode under ic-content-v2 is not built yet).
+            lora_adapter: String::new(),
+            cache_salt: String::new(),
         })
     }
 }

@@ -9,6 +9,7 @@
 use std::fmt;
 
 use crate::adapters::MAX_CHAIN_BLOCKS;
+use crate::core::chain::content_v2::MAX_IDENTITY_LEN;
 
 pub const TENANT: &str = "x-inferencecache-tenant";
 pub const MODEL: &str = "x-inferencecache-model";
@@ -18,6 +19,10 @@ pub const BLOCK_TOKEN_COUNTS: &str = "x-inferencecache-block-token-counts";
 pub const PREFIX_HASH: &str = "x-inferencecache-prefix-hash";
 pub const PREFIX_TOKENS: &str = "x-inferencecache-prefix-tokens";
 pub const DEBUG: &str = "x-inferencecache-debug";
+/// The request's LoRA adapter and cache salt (contract §12): under `ic-content-v2`
+/// they key the chain, so the request matches only blocks stored under the same.
+pub const LORA_ADAPTER: &str = "x-inferencecache-lora-adapter";
+pub const CACHE_SALT: &str = "x-inferencecache-cache-salt";
 
 /// Decision headers written toward the upstream (and the client when debugging).
 /// A client-supplied copy of any of them is always removed or overwritten.
@@ -54,6 +59,8 @@ pub enum MalformedHeader {
     TooLong { blocks: usize },
     /// The two chain headers disagree in length.
     Unequal { hashes: usize, counts: usize },
+    /// An adapter name or salt over [`MAX_IDENTITY_LEN`] bytes.
+    TooLongValue { header: &'static str, bytes: usize },
 }
 
 impl fmt::Display for MalformedHeader {
@@ -78,6 +85,10 @@ impl fmt::Display for MalformedHeader {
                 f,
                 "{BLOCK_HASHES} has {hashes} items but {BLOCK_TOKEN_COUNTS} has {counts}"
             ),
+            Self::TooLongValue { header, bytes } => write!(
+                f,
+                "{header} has {bytes} bytes; at most {MAX_IDENTITY_LEN} are accepted"
+            ),
         }
     }
 }
@@ -92,6 +103,9 @@ pub struct RoutingFields {
     pub prefix_tokens: u32,
     pub block_hashes: Vec<u64>,
     pub block_token_counts: Vec<u32>,
+    /// Empty: no adapter / no salt.
+    pub lora_adapter: String,
+    pub cache_salt: String,
 }
 
 /// Everything the sidecar reads from one request's headers.
@@ -125,8 +139,21 @@ impl RoutingHeaders {
             model: raw.model.unwrap_or_default(),
             hash_scheme: raw.hash_scheme.unwrap_or_default(),
             prefix_hash: raw.prefix_hash.unwrap_or_default(),
+            lora_adapter: raw.lora_adapter.unwrap_or_default(),
+            cache_salt: raw.cache_salt.unwrap_or_default(),
             ..RoutingFields::default()
         };
+        for (header, v) in [
+            (LORA_ADAPTER, &fields.lora_adapter),
+            (CACHE_SALT, &fields.cache_salt),
+        ] {
+            if v.len() > MAX_IDENTITY_LEN {
+                malformed.get_or_insert(MalformedHeader::TooLongValue {
+                    header,
+                    bytes: v.len(),
+                });
+            }
+        }
         if malformed.is_none()
             && let Err(e) = fields.parse_numbers(
                 raw.block_hashes.as_deref(),
@@ -142,6 +169,8 @@ impl RoutingHeaders {
             fields.block_token_counts.clear();
             fields.prefix_hash.clear();
             fields.prefix_tokens = 0;
+            fields.lora_adapter.clear();
+            fields.cache_salt.clear();
         }
         Self {
             debug,
@@ -206,6 +235,8 @@ struct RawHeaders {
     block_token_counts: Option<String>,
     prefix_hash: Option<String>,
     prefix_tokens: Option<String>,
+    lora_adapter: Option<String>,
+    cache_salt: Option<String>,
     debug: Option<String>,
 }
 
@@ -219,6 +250,8 @@ impl RawHeaders {
             BLOCK_TOKEN_COUNTS => (BLOCK_TOKEN_COUNTS, &mut self.block_token_counts),
             PREFIX_HASH => (PREFIX_HASH, &mut self.prefix_hash),
             PREFIX_TOKENS => (PREFIX_TOKENS, &mut self.prefix_tokens),
+            LORA_ADAPTER => (LORA_ADAPTER, &mut self.lora_adapter),
+            CACHE_SALT => (CACHE_SALT, &mut self.cache_salt),
             DEBUG => (DEBUG, &mut self.debug),
             _ => return Ok(()),
         };

@@ -462,4 +462,79 @@ fn unequal_chain_headers_follow_the_tenant_policy() {
     );
 }
 
+/// Contract §12 through the ext_proc path: under ic-content-v2, r2 holds the
+/// prompt under adapter "sql", r3 without an adapter; the request's adapter header
+/// picks which blocks it matches.
+#[test]
+fn the_lora_adapter_header_selects_the_blocks_of_that_adapter() {
+    use crate::core::chain::{self, BlockIdentity, IC_CONTENT_V2, Scheme};
+    let svc = mk_service_with(ExtProcConfig::default(), seed_policy());
+    let tokens: Vec<u32> = (0..96).collect();
+    let now = Timestamp::now();
+    for (replica, endpoint, lora) in [
+        ("r2", "127.0.0.1:8002", "sql"),
+        ("r3", "127.0.0.1:8003", ""),
+    ] {
+        let keys = chain::own_chain(
+            Scheme::ContentV2,
+            16,
+            &tokens,
+            &BlockIdentity {
+                lora,
+                ..BlockIdentity::default()
+            },
+        )
+        .unwrap();
+        let events = [IndexEvent::Stored {
+            parent: None,
+            hashes: keys,
+            token_counts: vec![],
+        }];
+        let batch = IngestBatch {
+            scope: ScopeRef::new("acme", "llama", IC_CONTENT_V2),
+            replica_id: replica,
+            endpoint,
+            events: &events,
+        };
+        svc.router.ingest(&batch, now).unwrap();
+    }
+    let chain = chain::compute_chain(Scheme::ContentV2, &tokens, 16, None).unwrap();
+    let request = |extra: &[(&'static str, &'static str)]| {
+        let mut h = chain_headers(extra);
+        h[2].1 = IC_CONTENT_V2.into();
+        h[3].1 = format_chain(&chain);
+        h
+    };
+    for (extra, want) in [(&[(LORA_ADAPTER, "sql")][..], "r2"), (&[][..], "r3")] {
+        let (reply, _) = ask(&svc, &request(extra));
+        let c = common(&reply);
+        assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
+        assert_eq!(set_value(c, REPLICA).as_deref(), Some(want));
+    }
+    // An adapter nobody holds: no match (not the adapter-less r3's blocks).
+    let (reply, _) = ask(&svc, &request(&[(LORA_ADAPTER, "chat")]));
+    assert_ne!(
+        set_value(common(&reply), REASON).as_deref(),
+        Some("PREFIX_MATCH")
+    );
+    // A repeated adapter header: NO_HINT, and the debug echo says why.
+    let (reply, echo) = ask(
+        &svc,
+        &request(&[(LORA_ADAPTER, "sql"), (LORA_ADAPTER, "chat"), (DEBUG, "1")]),
+    );
+    assert_eq!(
+        set_value(common(&reply), REASON).as_deref(),
+        Some("NO_HINT")
+    );
+    let detail = echo
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == DETAIL)
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned());
+    assert_eq!(
+        detail.as_deref(),
+        Some("x-inferencecache-lora-adapter appears more than once")
+    );
+}
+
 mod body;

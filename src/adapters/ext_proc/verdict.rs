@@ -169,6 +169,8 @@ impl Verdict {
                     block_hashes: &f.block_hashes,
                     block_token_counts: &f.block_token_counts,
                     candidate_replicas: candidates,
+                    lora_adapter: &f.lora_adapter,
+                    cache_salt: &f.cache_salt,
                 };
                 let started = Instant::now();
                 let decision = router.lookup(&req, now);

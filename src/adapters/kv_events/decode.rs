@@ -7,6 +7,10 @@
 //! a map with a `type` key (unknown keys ignored). A hash is a u64, an i64 (old
 //! builds; its two's complement bits) or bytes (the last 8, big-endian).
 //!
+//! Block identity beyond the tokens (vLLM: `lora_name`, `lora_id`, `extra_keys`;
+//! SGLang 0.5.23: `lora_name`, `cache_salt`) is read into [`StoredIdentity`], so the
+//! `ic-content-v2` translation can key the blocks the way the engine does.
+//!
 //! The payload is parsed into an `rmpv::Value` first (depth-limited) because the
 //! shapes are positional in one generation and keyed in the other. Anything
 //! malformed is a [`DecodeError`], never a panic; an event of an unknown type is
@@ -14,6 +18,8 @@
 
 use rmpv::Value;
 use thiserror::Error;
+
+use crate::core::chain;
 
 pub use crate::adapters::MAX_CHAIN_BLOCKS;
 
@@ -46,12 +52,53 @@ pub enum EngineEvent {
         block_size: u32,
         /// `None` when absent; "GPU" is the main pool.
         medium: Option<String>,
+        /// `None`: no adapter, salt or extra keys (the common case, kept small).
+        identity: Option<Box<StoredIdentity>>,
     },
     BlockRemoved {
         block_hashes: Vec<u64>,
         medium: Option<String>,
     },
     AllBlocksCleared,
+}
+
+/// What besides the tokens names the blocks of one `BlockStored`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredIdentity {
+    /// The adapter's name (vLLM, SGLang 0.5.23); empty is none.
+    pub lora_name: Option<String>,
+    /// The engine's numeric adapter id (vLLM 0.11 sends only this).
+    pub lora_id: Option<i64>,
+    /// The request's salt: SGLang's `cache_salt`, or the salt in vLLM's extra keys
+    /// of block 0 (vLLM hashes it into the first block only).
+    pub cache_salt: Option<String>,
+    /// Per block (empty, or one entry per block hash), the extra keys besides the
+    /// adapter name and the salt, in the engine's order.
+    pub extras: Vec<Vec<ExtraKey>>,
+}
+
+/// One extra key of one block, as vLLM publishes them untagged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtraKey {
+    /// `(mm_identifier, offset)`: a multimodal input, offset relative to the block.
+    Mm { identifier: String, offset: i64 },
+    /// A prompt-embeds digest (bytes).
+    Embeds(Vec<u8>),
+    /// Any other shape, as its msgpack bytes: matches no client chain.
+    Opaque(Vec<u8>),
+}
+
+impl ExtraKey {
+    pub fn as_extra(&self) -> chain::Extra<'_> {
+        match self {
+            Self::Mm { identifier, offset } => chain::Extra::Mm {
+                identifier,
+                offset: *offset,
+            },
+            Self::Embeds(b) => chain::Extra::Embeds(b),
+            Self::Opaque(b) => chain::Extra::Opaque(b),
+        }
+    }
 }
 
 /// Why a payload could not be decoded; nothing of it is applied.
@@ -148,7 +195,11 @@ struct Fields {
     parent_block_hash: Option<Value>,
     token_ids: Option<Value>,
     block_size: Option<Value>,
+    lora_id: Option<Value>,
     medium: Option<Value>,
+    lora_name: Option<Value>,
+    extra_keys: Option<Value>,
+    cache_salt: Option<Value>,
 }
 
 const STORED: &str = "BlockStored";
@@ -169,7 +220,10 @@ fn decode_event(raw: Value) -> EventResult {
                     f.parent_block_hash = it.next();
                     f.token_ids = it.next();
                     f.block_size = it.next();
-                    f.medium = it.nth(1);
+                    f.lora_id = it.next();
+                    f.medium = it.next();
+                    f.lora_name = it.next();
+                    f.extra_keys = it.next();
                 }
                 Some(REMOVED) => {
                     f.block_hashes = it.next();
@@ -192,7 +246,11 @@ fn decode_event(raw: Value) -> EventResult {
                     "parent_block_hash" => &mut f.parent_block_hash,
                     "token_ids" => &mut f.token_ids,
                     "block_size" => &mut f.block_size,
+                    "lora_id" => &mut f.lora_id,
                     "medium" => &mut f.medium,
+                    "lora_name" => &mut f.lora_name,
+                    "extra_keys" => &mut f.extra_keys,
+                    "cache_salt" => &mut f.cache_salt,
                     _ => continue,
                 };
                 *slot = Some(v);
@@ -249,13 +307,143 @@ fn stored(f: Fields) -> EventResult {
         .and_then(|b| u32::try_from(b).ok())
         .filter(|b| *b > 0)
         .ok_or_else(|| err("block_size is missing or not a positive u32".into()))?;
+    let medium = medium(f.medium).map_err(err)?;
+    let identity = stored_identity(
+        f.lora_name,
+        f.lora_id,
+        f.cache_salt,
+        f.extra_keys,
+        block_hashes.len(),
+        parent_block_hash.is_none(),
+    )
+    .map_err(err)?;
     Ok(Some(EngineEvent::BlockStored {
         block_hashes,
         parent_block_hash,
         token_ids,
         block_size,
-        medium: medium(f.medium).map_err(err)?,
+        medium,
+        identity,
     }))
+}
+
+fn opt_string(v: Option<Value>, what: &str) -> Result<Option<String>, String> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::String(s)) => match s.into_str() {
+            Some(s) if s.is_empty() => Ok(None),
+            Some(s) => Ok(Some(s)),
+            None => Err(format!("{what} is not UTF-8")),
+        },
+        Some(_) => Err(format!("{what} is not a string")),
+    }
+}
+
+/// The identity fields, `None` when there is nothing beyond the tokens. `root`: the
+/// run starts at block 0, the only block vLLM hashes the salt into.
+fn stored_identity(
+    lora_name: Option<Value>,
+    lora_id: Option<Value>,
+    cache_salt: Option<Value>,
+    extra_keys: Option<Value>,
+    blocks: usize,
+    root: bool,
+) -> Result<Option<Box<StoredIdentity>>, String> {
+    let lora_name = opt_string(lora_name, "lora_name")?;
+    let lora_id = match lora_id {
+        None | Some(Value::Nil) => None,
+        Some(Value::Integer(i)) => Some(i.as_i64().ok_or("lora_id is not an i64")?),
+        Some(_) => return Err("lora_id is not an integer".into()),
+    };
+    let mut cache_salt = opt_string(cache_salt, "cache_salt")?;
+    let mut extras = Vec::new();
+    match extra_keys {
+        None | Some(Value::Nil) => {}
+        Some(Value::Array(entries)) => {
+            if entries.len() != blocks {
+                return Err(format!(
+                    "extra_keys has {} entries for {blocks} blocks",
+                    entries.len()
+                ));
+            }
+            let mut any = false;
+            for (i, entry) in entries.into_iter().enumerate() {
+                let keys = match entry {
+                    Value::Nil => Vec::new(),
+                    Value::Array(items) => {
+                        block_extras(items, lora_name.is_some(), root && i == 0, &mut cache_salt)
+                    }
+                    _ => return Err(format!("extra_keys[{i}] is not an array")),
+                };
+                any |= !keys.is_empty();
+                extras.push(keys);
+            }
+            if !any {
+                extras = Vec::new();
+            }
+        }
+        Some(_) => return Err("extra_keys is not an array".into()),
+    }
+    if lora_name.is_none() && lora_id.is_none() && cache_salt.is_none() && extras.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Box::new(StoredIdentity {
+        lora_name,
+        lora_id,
+        cache_salt,
+        extras,
+    })))
+}
+
+/// One block's extra keys in vLLM's order: the adapter name (first, when the event
+/// names one), `(mm_identifier, offset)` pairs, the salt (block 0 only), prompt-embeds
+/// digests. A string anywhere else, or any other shape, is kept opaque.
+fn block_extras(
+    items: Vec<Value>,
+    has_lora: bool,
+    first_block: bool,
+    salt: &mut Option<String>,
+) -> Vec<ExtraKey> {
+    let mut out = Vec::new();
+    for (j, item) in items.into_iter().enumerate() {
+        let item = match item {
+            // The adapter: identity, carried by `lora_name`.
+            Value::String(_) if j == 0 && has_lora => continue,
+            Value::String(s) if first_block && s.as_str().is_some_and(|s| !s.is_empty()) => {
+                let text = s.as_str().unwrap_or_default().to_string();
+                if salt.is_none() {
+                    *salt = Some(text);
+                    continue;
+                }
+                if salt.as_deref() == Some(text.as_str()) {
+                    continue;
+                }
+                Value::from(text)
+            }
+            Value::Array(pair) => {
+                if let [Value::String(id), Value::Integer(off)] = pair.as_slice()
+                    && let (Some(id), Some(offset)) = (id.as_str(), off.as_i64())
+                {
+                    out.push(ExtraKey::Mm {
+                        identifier: id.to_string(),
+                        offset,
+                    });
+                    continue;
+                }
+                Value::Array(pair)
+            }
+            Value::Binary(b) => {
+                out.push(ExtraKey::Embeds(b));
+                continue;
+            }
+            other => other,
+        };
+        let mut raw = Vec::new();
+        // Writing to a Vec cannot fail.
+        let _ = rmpv::encode::write_value(&mut raw, &item);
+        out.push(ExtraKey::Opaque(raw));
+    }
+    out
 }
 
 fn hashes(v: Option<Value>) -> Result<Vec<u64>, String> {

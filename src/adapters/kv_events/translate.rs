@@ -22,6 +22,15 @@
 //!     first). When one engine hash has several positions this is a guess; a wrong
 //!     guess leaves one entry that the TTL removes. Engines whose hashes chain
 //!     (vLLM, SGLang ≥ 0.5.4) never have more than one position per hash.
+//! - `ic-content-v2`: the same, with the content value of
+//!   [`content_v2::block_value`] (the block's multimodal and other extra keys in it)
+//!   and the index key of [`content_v2::identity_key`]: a run starting at block 0
+//!   takes its identity from the event (`lora_name`, else the unnamed `lora_id`,
+//!   and the salt: SGLang's `cache_salt`, vLLM's in block 0's extra keys); a run
+//!   continuing a parent inherits the parent's (vLLM hashes the salt into block 0
+//!   only, so later events do not carry it). Each position keeps content value and
+//!   identity digest, so continuations chain on content and key on identity, as a
+//!   client's request does.
 //! - any other scheme (`vllm-sha256-cbor`, `engine-raw`, …): the engine's hashes
 //!   are the chain; they pass through.
 //!
@@ -38,8 +47,8 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use crate::adapters::kv_events::decode::EngineEvent;
-use crate::core::chain::{self, Scheme};
+use crate::adapters::kv_events::decode::{EngineEvent, StoredIdentity};
+use crate::core::chain::{self, Extra, Scheme, content_v2};
 use crate::core::index::{IndexEvent, Tier};
 
 /// Default bound on engine → own mappings per replica (a few million blocks is far
@@ -58,7 +67,8 @@ pub struct Skipped {
 /// Translation state of one replica.
 #[derive(Debug)]
 pub struct ReplicaChains {
-    content: bool,
+    /// `ic-content-v1` or `-v2` (own chain); `None`: pass through.
+    content: Option<Scheme>,
     /// engine hash → its own values (positions), least recently stored first.
     own: HashMap<u64, SmallVec<[Position; 1]>>,
     /// Positions over all engine hashes.
@@ -68,23 +78,34 @@ pub struct ReplicaChains {
     /// generation first; a generation fills to [`RETIRED_GENERATION`] and then
     /// replaces the older one, so an offload right after its GPU removal still
     /// resolves.
-    retired: [HashMap<u64, u64>; 2],
+    retired: [HashMap<u64, (u64, u64)>; 2],
 }
 
 /// Retired mappings kept per generation.
 const RETIRED_GENERATION: usize = 1 << 12;
 
-/// One own-chain value an engine hash was stored as, and how many times.
+/// One own-chain position an engine hash was stored as, and how many times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Position {
-    value: u64,
+    /// The content value (what a client's chain holds; children chain on it).
+    content: u64,
+    /// The identity digest (`ic-content-v2`), 0 for none (digests are never 0).
+    identity: u64,
     refs: u32,
+}
+
+impl Position {
+    /// The index key.
+    fn value(&self) -> u64 {
+        content_v2::identity_key((self.identity != 0).then_some(self.identity), self.content)
+    }
 }
 
 impl ReplicaChains {
     pub fn new(hash_scheme: &str, max_mappings: usize) -> Self {
         Self {
-            content: Scheme::from_name(hash_scheme) == Some(Scheme::ContentV1),
+            content: Scheme::from_name(hash_scheme)
+                .filter(|s| matches!(s, Scheme::ContentV1 | Scheme::ContentV2)),
             own: HashMap::new(),
             positions: 0,
             max_mappings,
@@ -121,7 +142,7 @@ impl ReplicaChains {
                     ..
                 } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
                     Some(tier) => {
-                        let hashes = if self.content {
+                        let hashes = if self.content.is_some() {
                             self.store_lower(block_hashes)
                         } else {
                             block_hashes.clone()
@@ -139,7 +160,7 @@ impl ReplicaChains {
                     block_hashes,
                 } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
                     Some(tier) => {
-                        let hashes = if self.content {
+                        let hashes = if self.content.is_some() {
                             self.remove_content(block_hashes)
                         } else {
                             block_hashes.clone()
@@ -157,14 +178,17 @@ impl ReplicaChains {
                     parent_block_hash,
                     token_ids,
                     block_size,
+                    identity,
                     ..
                 } => {
-                    if self.content {
+                    if let Some(scheme) = self.content {
                         self.store_content(
+                            scheme,
                             block_hashes,
                             *parent_block_hash,
                             token_ids,
                             *block_size,
+                            identity.as_deref(),
                             out,
                         )
                     } else if block_hashes.is_empty() {
@@ -179,7 +203,7 @@ impl ReplicaChains {
                     }
                 }
                 EngineEvent::BlockRemoved { block_hashes, .. } => {
-                    let hashes = if self.content {
+                    let hashes = if self.content.is_some() {
                         self.remove_content(block_hashes)
                     } else {
                         block_hashes.clone()
@@ -203,35 +227,61 @@ impl ReplicaChains {
         skipped
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn store_content(
         &mut self,
+        scheme: Scheme,
         block_hashes: &[u64],
         parent: Option<u64>,
         token_ids: &[u32],
         block_size: u32,
+        identity: Option<&StoredIdentity>,
         out: &mut Vec<IndexEvent>,
     ) -> bool {
         let bs = block_size as usize;
         if block_hashes.is_empty() || token_ids.len() != block_hashes.len() * bs {
             return false;
         }
-        let mut own_parent = match parent {
-            None => None,
+        let v2 = scheme == Scheme::ContentV2;
+        // (content, identity) of the parent position.
+        let (mut own_parent, digest, first_parent) = match parent {
+            None => (None, if v2 { root_identity(identity) } else { 0 }, None),
             // The most recently stored position of the parent's engine hash.
             Some(p) => match self.own.get(&p).and_then(|v| v.last()) {
-                Some(pos) => Some(pos.value),
+                Some(pos) => (Some(pos.content), pos.identity, Some(pos.value())),
                 // The parent was stored before we listened: its own value is unknown.
                 None => return false,
             },
         };
-        let first_parent = own_parent;
+        let extras = identity.map_or(&[][..], |i| i.extras.as_slice());
+        let mut keys: SmallVec<[Extra<'_>; 4]> = SmallVec::new();
         let mut hashes = Vec::with_capacity(block_hashes.len());
-        for (engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(bs)) {
+        for (i, (engine, tokens)) in block_hashes
+            .iter()
+            .zip(token_ids.chunks_exact(bs))
+            .enumerate()
+        {
             // Recomputed every time: the value names the position (parent + tokens),
             // whatever the engine hash does.
-            let value = chain::content_block(own_parent, tokens);
+            let content = if v2 {
+                keys.clear();
+                if let Some(block) = extras.get(i) {
+                    keys.extend(block.iter().map(|k| k.as_extra()));
+                }
+                content_v2::block_value(own_parent, tokens, &keys)
+            } else {
+                chain::content_block(own_parent, tokens)
+            };
+            let pos = Position {
+                content,
+                identity: digest,
+                refs: 1,
+            };
             let slots = self.own.entry(*engine).or_default();
-            match slots.iter().position(|p| p.value == value) {
+            match slots
+                .iter()
+                .position(|p| (p.content, p.identity) == (content, digest))
+            {
                 // The common case: one position, stored again.
                 Some(i) if i + 1 == slots.len() => {
                     slots[i].refs = slots[i].refs.saturating_add(1);
@@ -242,12 +292,12 @@ impl ReplicaChains {
                     slots.push(p);
                 }
                 None => {
-                    slots.push(Position { value, refs: 1 });
+                    slots.push(pos);
                     self.positions += 1;
                 }
             }
-            hashes.push(value);
-            own_parent = Some(value);
+            hashes.push(pos.value());
+            own_parent = Some(content);
         }
         out.push(IndexEvent::Stored {
             parent: first_parent,
@@ -268,10 +318,10 @@ impl ReplicaChains {
             let Some(first) = slots.first_mut() else {
                 continue;
             };
-            hashes.push(first.value);
+            hashes.push(first.value());
             first.refs -= 1;
             if first.refs == 0 {
-                retired.push((*engine, first.value));
+                retired.push((*engine, (first.content, first.identity)));
                 slots.remove(0);
                 self.positions -= 1;
                 if slots.is_empty() {
@@ -287,12 +337,13 @@ impl ReplicaChains {
 }
 
 impl ReplicaChains {
-    /// Remembers a position whose last reference went (see `retired`).
-    fn retire(&mut self, engine: u64, value: u64) {
+    /// Remembers a position (content, identity) whose last reference went (see
+    /// `retired`).
+    fn retire(&mut self, engine: u64, position: (u64, u64)) {
         if self.retired[0].len() >= RETIRED_GENERATION {
             self.retired[1] = std::mem::take(&mut self.retired[0]);
         }
-        self.retired[0].insert(engine, value);
+        self.retired[0].insert(engine, position);
     }
 
     /// Own values of blocks stored in a lower tier, by their engine hashes: the
@@ -303,17 +354,19 @@ impl ReplicaChains {
         for engine in block_hashes {
             if let Some(pos) = self.own.get_mut(engine).and_then(|v| v.last_mut()) {
                 pos.refs = pos.refs.saturating_add(1);
-                hashes.push(pos.value);
+                hashes.push(pos.value());
                 continue;
             }
             let retired = self.retired.iter().find_map(|g| g.get(engine).copied());
-            if let Some(value) = retired {
-                self.own
-                    .entry(*engine)
-                    .or_default()
-                    .push(Position { value, refs: 1 });
+            if let Some((content, identity)) = retired {
+                let pos = Position {
+                    content,
+                    identity,
+                    refs: 1,
+                };
+                self.own.entry(*engine).or_default().push(pos);
                 self.positions += 1;
-                hashes.push(value);
+                hashes.push(pos.value());
             }
         }
         hashes
@@ -336,6 +389,18 @@ fn tier_of(medium: Option<&str>) -> Option<Tier> {
     }
 }
 
+/// The identity digest of a run starting at block 0 (0: none): the adapter by
+/// name, else by the engine's id (matching no request), and the salt.
+fn root_identity(identity: Option<&StoredIdentity>) -> u64 {
+    let Some(id) = identity else { return 0 };
+    let salt = id.cache_salt.as_deref().unwrap_or("");
+    match (id.lora_name.as_deref(), id.lora_id) {
+        (Some(name), _) => content_v2::identity_digest(name, salt).unwrap_or(0),
+        (None, Some(lora_id)) => content_v2::unnamed_adapter_digest(lora_id, salt),
+        (None, None) => content_v2::identity_digest("", salt).unwrap_or(0),
+    }
+}
+
 /// "GPU" (or no medium) is the main pool.
 fn main_pool(medium: Option<&str>) -> bool {
     medium.is_none_or(|m| m.eq_ignore_ascii_case("gpu"))
@@ -353,6 +418,7 @@ mod tests {
             token_ids: tokens.collect(),
             block_size: 4,
             medium: Some("GPU".into()),
+            identity: None,
         }
     }
 
@@ -433,6 +499,7 @@ mod tests {
             token_ids: (0..4).collect(),
             block_size: 4,
             medium: Some("CPU".into()),
+            identity: None,
         };
         let unknown = EngineEvent::BlockRemoved {
             block_hashes: vec![5],
@@ -461,6 +528,7 @@ mod tests {
                 token_ids: Vec::new(),
                 block_size: 4,
                 medium: Some(medium.into()),
+                identity: None,
             }
         } else {
             EngineEvent::BlockRemoved {
@@ -663,6 +731,7 @@ mod tests {
                     token_ids: t.clone(),
                     block_size: 4,
                     medium: None,
+                    identity: None,
                 };
                 parent = Some(h);
                 e
@@ -779,5 +848,192 @@ mod tests {
             ]
         );
         assert_eq!(r.mappings(), 1, "only engine hash 1 is left");
+    }
+
+    // ----- ic-content-v2: block identity -----
+
+    use crate::adapters::kv_events::decode::ExtraKey;
+    use crate::core::chain::{BlockIdentity, IC_CONTENT_V2, MmInput};
+
+    fn with_identity(
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: std::ops::Range<u32>,
+        identity: StoredIdentity,
+    ) -> EngineEvent {
+        match stored(hashes, parent, tokens) {
+            EngineEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                medium,
+                ..
+            } => EngineEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                medium,
+                identity: Some(Box::new(identity)),
+            },
+            _ => unreachable!(),
+        }
+    }
+
+    fn named(lora: &str, salt: &str) -> StoredIdentity {
+        StoredIdentity {
+            lora_name: (!lora.is_empty()).then(|| lora.to_string()),
+            cache_salt: (!salt.is_empty()).then(|| salt.to_string()),
+            ..StoredIdentity::default()
+        }
+    }
+
+    fn v2_keys(tokens: std::ops::Range<u32>, identity: BlockIdentity<'_>) -> Vec<u64> {
+        let t: Vec<u32> = tokens.collect();
+        chain::own_chain(Scheme::ContentV2, 4, &t, &identity).unwrap()
+    }
+
+    #[test]
+    fn v2_keys_a_run_with_its_identity_and_continuations_inherit_it() {
+        // vLLM: the salt only on block 0 of the first event; the continuation
+        // names the adapter but carries no salt.
+        let mut r = ReplicaChains::new(IC_CONTENT_V2, 100);
+        let mut out = Vec::new();
+        let s = r.translate(
+            &[
+                with_identity(&[1, 2], None, 0..8, named("sql", "t7")),
+                with_identity(&[3], Some(2), 8..12, named("sql", "")),
+            ],
+            &mut out,
+        );
+        assert_eq!(s, Skipped::default());
+        let want = v2_keys(
+            0..12,
+            BlockIdentity {
+                lora: "sql",
+                salt: "t7",
+                mm: &[],
+            },
+        );
+        assert_eq!(stored_values(&out), want);
+        assert_eq!(
+            out[1],
+            IndexEvent::Stored {
+                parent: Some(want[1]),
+                hashes: vec![want[2]],
+                token_counts: vec![]
+            }
+        );
+        // Removal emits the key, not the content value.
+        out.clear();
+        r.translate(&[removed(&[3])], &mut out);
+        assert_eq!(
+            out,
+            vec![IndexEvent::Removed {
+                hashes: vec![want[2]]
+            }]
+        );
+    }
+
+    #[test]
+    fn v2_without_identity_is_the_client_chain() {
+        let mut r = ReplicaChains::new(IC_CONTENT_V2, 100);
+        let mut out = Vec::new();
+        r.translate(&[stored(&[1, 2, 3], None, 0..12)], &mut out);
+        let client =
+            compute_chain(Scheme::ContentV2, &(0..12).collect::<Vec<_>>(), 4, None).unwrap();
+        assert_eq!(stored_values(&out), client);
+    }
+
+    #[test]
+    fn v2_same_tokens_under_other_identities_are_other_blocks() {
+        let idents = [
+            named("", ""),
+            named("sql", ""),
+            named("chat", ""),
+            named("", "t7"),
+            named("sql", "t7"),
+            StoredIdentity {
+                lora_id: Some(1),
+                ..StoredIdentity::default()
+            },
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (i, id) in idents.into_iter().enumerate() {
+            let mut r = ReplicaChains::new(IC_CONTENT_V2, 100);
+            let mut out = Vec::new();
+            r.translate(&[with_identity(&[1, 2], None, 0..8, id)], &mut out);
+            for v in stored_values(&out) {
+                assert!(seen.insert(v), "identity {i} repeats a key");
+            }
+        }
+        // And the named ones are exactly what a request with that identity looks up.
+        let mut r = ReplicaChains::new(IC_CONTENT_V2, 100);
+        let mut out = Vec::new();
+        r.translate(
+            &[with_identity(&[1, 2], None, 0..8, named("chat", ""))],
+            &mut out,
+        );
+        let client =
+            compute_chain(Scheme::ContentV2, &(0..8).collect::<Vec<_>>(), 4, None).unwrap();
+        assert_eq!(
+            Some(stored_values(&out)),
+            chain::request_keys(IC_CONTENT_V2, &client, "chat", "")
+        );
+    }
+
+    #[test]
+    fn v2_multimodal_extra_keys_enter_the_content_value() {
+        // An image at prompt positions 2..6, blocks of 4: vLLM's extra keys are
+        // ("img", 2) on block 0 and ("img", -2) on block 1.
+        let mut id = named("", "");
+        id.extras = vec![
+            vec![ExtraKey::Mm {
+                identifier: "img".into(),
+                offset: 2,
+            }],
+            vec![ExtraKey::Mm {
+                identifier: "img".into(),
+                offset: -2,
+            }],
+            vec![],
+        ];
+        let mut r = ReplicaChains::new(IC_CONTENT_V2, 100);
+        let mut out = Vec::new();
+        r.translate(&[with_identity(&[1, 2, 3], None, 0..12, id)], &mut out);
+        let mm = [MmInput {
+            identifier: "img",
+            offset: 2,
+            length: 4,
+        }];
+        assert_eq!(
+            stored_values(&out),
+            v2_keys(
+                0..12,
+                BlockIdentity {
+                    mm: &mm,
+                    ..BlockIdentity::default()
+                }
+            )
+        );
+        assert_ne!(
+            stored_values(&out),
+            v2_keys(0..12, BlockIdentity::default())
+        );
+    }
+
+    #[test]
+    fn v1_keeps_ignoring_identity() {
+        let mut r = ReplicaChains::new(IC_CONTENT_V1, 100);
+        let mut out = Vec::new();
+        r.translate(
+            &[with_identity(&[1, 2], None, 0..8, named("sql", "t7"))],
+            &mut out,
+        );
+        assert_eq!(
+            stored_values(&out),
+            compute_chain(Scheme::ContentV1, &(0..8).collect::<Vec<_>>(), 4, None).unwrap()
+        );
     }
 }

@@ -15,6 +15,11 @@ pub struct LookupRequest<'a> {
     pub block_token_counts: &'a [u32],
     /// Optional subset of replica ids to pick among; unknown ids are ignored.
     pub candidate_replicas: &'a [String],
+    /// The request's LoRA adapter and cache salt; empty means none. Under
+    /// `ic-content-v2` they key the chain ([`crate::chain::request_keys`]), so the
+    /// request never matches blocks stored under another identity.
+    pub lora_adapter: &'a str,
+    pub cache_salt: &'a str,
 }
 
 /// The chain after step 1, and what steps 2–4 need to know about it.

@@ -8,7 +8,8 @@
 //!
 //! Topics: `gates` (steps 1–4, 8), `classify` (steps 5–6), `ranking` (step 7, both
 //! floors, TENANT_HOT), `fallback` (step 9, scopes, candidates, replicas), `lfu`
-//! (step 10), `lifecycle` (registrations, TTL, self-test, revision).
+//! (step 10), `lifecycle` (registrations, TTL, self-test, revision), `identity`
+//! (LoRA adapter and cache salt under `ic-content-v2`).
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use crate::time::Timestamp;
 mod classify;
 mod fallback;
 mod gates;
+mod identity;
 mod lfu;
 mod lifecycle;
 mod load;
@@ -247,6 +249,8 @@ struct Req {
     hashes: Vec<u64>,
     counts: Vec<u32>,
     candidates: Vec<String>,
+    lora: &'static str,
+    salt: &'static str,
 }
 
 /// A chain request in acme/llama/vLLM, 16 tokens a block.
@@ -260,6 +264,8 @@ fn req(chain: &[u64]) -> Req {
         hashes: chain.to_vec(),
         counts: vec![16; chain.len()],
         candidates: Vec::new(),
+        lora: "",
+        salt: "",
     }
 }
 
@@ -290,6 +296,11 @@ impl Req {
         self.scheme = scheme;
         self
     }
+    fn identity(mut self, lora: &'static str, salt: &'static str) -> Self {
+        self.lora = lora;
+        self.salt = salt;
+        self
+    }
     fn candidates(mut self, ids: &[&str]) -> Self {
         self.candidates = ids.iter().map(|s| (*s).to_string()).collect();
         self
@@ -304,6 +315,8 @@ impl Req {
             block_hashes: &self.hashes,
             block_token_counts: &self.counts,
             candidate_replicas: &self.candidates,
+            lora_adapter: self.lora,
+            cache_salt: self.salt,
         }
     }
 }

@@ -335,6 +335,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, token_ids: &[u32]) -> EngineEvent
         token_ids: token_ids.to_vec(),
         block_size: 4,
         medium: Some("GPU".into()),
+        identity: None,
     }
 }
 

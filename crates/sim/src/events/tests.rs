@@ -110,6 +110,7 @@ fn both_forms_decode_to_the_same_events() {
             token_ids: (0..8).collect(),
             block_size: 4,
             medium: Some("GPU".into()),
+            identity: None,
         },
         EngineEvent::BlockRemoved {
             block_hashes: vec![7],

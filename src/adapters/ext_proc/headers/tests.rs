@@ -173,3 +173,64 @@ fn format_chain_round_trips() {
     let got = parse(&[(BLOCK_HASHES, text.as_str()), (BLOCK_TOKEN_COUNTS, counts)]);
     assert_eq!(got.fields.block_hashes, chain);
 }
+
+#[test]
+fn reads_lora_adapter_and_cache_salt() {
+    let mut h = mk_scope();
+    h.push((LORA_ADAPTER, " sql-adapter "));
+    h.push(("X-InferenceCache-Cache-Salt", "tenant-7"));
+    let got = parse(&h);
+    assert_eq!(got.malformed, None);
+    assert_eq!(got.fields.lora_adapter, "sql-adapter");
+    assert_eq!(got.fields.cache_salt, "tenant-7");
+    // Absent or empty: none.
+    let got = parse(&[(LORA_ADAPTER, "")]);
+    assert_eq!(
+        (got.malformed, got.fields.lora_adapter.as_str()),
+        (None, "")
+    );
+    assert_eq!(parse(&mk_scope()).fields.cache_salt, "");
+}
+
+#[test]
+fn malformed_identity_headers_are_refused_and_clear_everything() {
+    let long = "s".repeat(MAX_IDENTITY_LEN + 1);
+    type Pairs<'a> = Vec<(&'a str, &'a [u8])>;
+    let cases: [(Pairs, MalformedHeader); 3] = [
+        (
+            vec![(LORA_ADAPTER, b"a"), (LORA_ADAPTER, b"b")],
+            MalformedHeader::Repeated(LORA_ADAPTER),
+        ),
+        (
+            vec![(CACHE_SALT, b"\xff\xfe")],
+            MalformedHeader::NotText(CACHE_SALT),
+        ),
+        (
+            vec![(CACHE_SALT, long.as_bytes()), (LORA_ADAPTER, b"ok")],
+            MalformedHeader::TooLongValue {
+                header: CACHE_SALT,
+                bytes: MAX_IDENTITY_LEN + 1,
+            },
+        ),
+    ];
+    for (mut pairs, want) in cases {
+        pairs.push((BLOCK_HASHES, b"a1,a2"));
+        pairs.push((BLOCK_TOKEN_COUNTS, b"16,16"));
+        let got = RoutingHeaders::parse(pairs.iter().map(|(k, v)| (*k, *v)));
+        assert_eq!(got.malformed.as_ref(), Some(&want));
+        assert!(got.fields.block_hashes.is_empty());
+        assert_eq!(got.fields.lora_adapter, "");
+        assert_eq!(got.fields.cache_salt, "");
+    }
+    assert_eq!(
+        MalformedHeader::TooLongValue {
+            header: CACHE_SALT,
+            bytes: 5000
+        }
+        .to_string(),
+        format!("{CACHE_SALT} has 5000 bytes; at most {MAX_IDENTITY_LEN} are accepted")
+    );
+    // Exactly at the limit is fine.
+    let edge = "s".repeat(MAX_IDENTITY_LEN);
+    assert_eq!(parse(&[(LORA_ADAPTER, edge.as_str())]).malformed, None);
+}

@@ -35,6 +35,7 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>, n_tokens: u64) -> EngineEvent {
         token_ids: (0..n_tokens as u32).collect(),
         block_size: 4,
         medium: Some("GPU".into()),
+        identity: None,
     }
 }
 
@@ -109,6 +110,7 @@ fn old_engines_omit_trailing_slots() {
                 token_ids: vec![0, 1, 2, 3],
                 block_size: 4,
                 medium: None,
+                identity: None,
             },
             EngineEvent::BlockRemoved {
                 block_hashes: vec![7],
@@ -307,4 +309,222 @@ fn the_fuzz_seed_payloads_decode() {
         seen += 1;
     }
     assert!(seen >= 5, "only {seen} seeds in {}", dir.display());
+}
+
+fn identity_of(e: &EngineEvent) -> Option<&StoredIdentity> {
+    match e {
+        EngineEvent::BlockStored { identity, .. } => identity.as_deref(),
+        _ => None,
+    }
+}
+
+fn one_event(event: Value) -> Result<EngineEvent, DecodeError> {
+    let payload = arr(vec![Value::F64(1.0), arr(vec![event]), Value::Nil]);
+    decode_batch(&bytes(&payload)).map(|mut b| b.events.remove(0))
+}
+
+/// vLLM 0.33's map form (its `to_event_extra_keys`: untagged, in order the adapter
+/// name, `(mm_identifier, offset)` pairs, the salt on block 0, embeds digests).
+fn vllm_033_stored(parent: Value, extra_keys: Value) -> Value {
+    map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1, 2])),
+        ("parent_block_hash", parent),
+        ("token_ids", ints(&tokens(8))),
+        ("block_size", Value::from(4)),
+        ("lora_id", Value::from(3)),
+        ("medium", s("GPU")),
+        ("lora_name", s("sql")),
+        ("extra_keys", extra_keys),
+        ("group_idx", Value::from(0)),
+    ])
+}
+
+#[test]
+fn vllm_033_lora_salt_mm_and_embeds_are_read_per_block() {
+    let extra = arr(vec![
+        arr(vec![
+            s("sql"),
+            arr(vec![s("img-1"), Value::from(2)]),
+            s("salt-7"),
+            Value::Binary(vec![9; 32]),
+        ]),
+        arr(vec![s("sql"), arr(vec![s("img-1"), Value::from(-2)])]),
+    ]);
+    let e = one_event(vllm_033_stored(Value::Nil, extra)).unwrap();
+    assert_eq!(
+        identity_of(&e),
+        Some(&StoredIdentity {
+            lora_name: Some("sql".into()),
+            lora_id: Some(3),
+            cache_salt: Some("salt-7".into()),
+            extras: vec![
+                vec![
+                    ExtraKey::Mm {
+                        identifier: "img-1".into(),
+                        offset: 2
+                    },
+                    ExtraKey::Embeds(vec![9; 32]),
+                ],
+                vec![ExtraKey::Mm {
+                    identifier: "img-1".into(),
+                    offset: -2
+                }],
+            ],
+        })
+    );
+}
+
+#[test]
+fn a_salt_is_read_only_from_block_0_of_a_run_starting_at_block_0() {
+    // vLLM hashes the salt into the first block only; a string anywhere else is a
+    // key this decoder does not know: kept opaque, so the block matches no client.
+    let later = arr(vec![arr(vec![s("sql"), s("odd")]), Value::Nil]);
+    let e = one_event(vllm_033_stored(Value::from(5), later)).unwrap();
+    let id = identity_of(&e).unwrap();
+    assert_eq!(id.cache_salt, None);
+    assert!(matches!(id.extras[0].as_slice(), [ExtraKey::Opaque(_)]));
+    assert!(id.extras[1].is_empty());
+    // No lora_name: a leading string on block 0 is the salt.
+    let salt_only = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1])),
+        ("parent_block_hash", Value::Nil),
+        ("token_ids", ints(&tokens(4))),
+        ("block_size", Value::from(4)),
+        ("extra_keys", arr(vec![arr(vec![s("s1")])])),
+    ]);
+    let e = one_event(salt_only).unwrap();
+    assert_eq!(
+        identity_of(&e),
+        Some(&StoredIdentity {
+            cache_salt: Some("s1".into()),
+            ..StoredIdentity::default()
+        })
+    );
+}
+
+#[test]
+fn the_array_form_carries_lora_name_and_extra_keys_in_slots_7_and_8() {
+    let e = one_event(arr(vec![
+        s("BlockStored"),
+        ints(&[1]),
+        Value::Nil,
+        ints(&tokens(4)),
+        Value::from(4),
+        Value::from(1),
+        s("GPU"),
+        s("sql"),
+        arr(vec![arr(vec![s("sql"), s("salt")])]),
+        Value::from(0),
+    ]))
+    .unwrap();
+    assert_eq!(
+        identity_of(&e),
+        Some(&StoredIdentity {
+            lora_name: Some("sql".into()),
+            lora_id: Some(1),
+            cache_salt: Some("salt".into()),
+            extras: vec![],
+        })
+    );
+}
+
+#[test]
+fn vllm_011_names_an_adapter_only_by_its_id() {
+    // vLLM 0.11: [tag, hashes, parent, tokens, block_size, lora_id, medium].
+    let e = one_event(arr(vec![
+        s("BlockStored"),
+        ints(&[1]),
+        Value::Nil,
+        ints(&tokens(4)),
+        Value::from(4),
+        Value::from(2),
+        s("GPU"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        identity_of(&e),
+        Some(&StoredIdentity {
+            lora_id: Some(2),
+            ..StoredIdentity::default()
+        })
+    );
+}
+
+#[test]
+fn sglang_0523_sends_lora_name_and_cache_salt_on_every_event() {
+    let e = one_event(map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1])),
+        ("parent_block_hash", Value::from(9)),
+        ("token_ids", ints(&tokens(4))),
+        ("block_size", Value::from(4)),
+        ("lora_id", Value::Nil),
+        ("medium", s("GPU")),
+        ("cache_salt", s("s")),
+        ("session_id", s("abc")),
+        ("lora_name", s("sql")),
+    ]))
+    .unwrap();
+    assert_eq!(
+        identity_of(&e),
+        Some(&StoredIdentity {
+            lora_name: Some("sql".into()),
+            cache_salt: Some("s".into()),
+            ..StoredIdentity::default()
+        })
+    );
+}
+
+#[test]
+fn no_identity_fields_or_all_nil_extra_keys_are_no_identity() {
+    let e = one_event(vllm_033_stored(
+        Value::Nil,
+        arr(vec![Value::Nil, Value::Nil]),
+    ));
+    // lora_name is set there; without it and with nil extras there is nothing.
+    assert!(identity_of(&e.unwrap()).is_some());
+    let plain = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", ints(&[1, 2])),
+        ("parent_block_hash", Value::Nil),
+        ("token_ids", ints(&tokens(8))),
+        ("block_size", Value::from(4)),
+        ("lora_name", Value::Nil),
+        ("lora_id", Value::Nil),
+        ("cache_salt", s("")),
+        ("extra_keys", arr(vec![Value::Nil, arr(vec![])])),
+    ]);
+    assert_eq!(identity_of(&one_event(plain).unwrap()), None);
+}
+
+#[test]
+fn malformed_identity_fields_are_errors() {
+    let bad = [
+        (
+            vllm_033_stored(Value::Nil, arr(vec![Value::Nil])),
+            "extra_keys has 1 entries for 2 blocks",
+        ),
+        (
+            vllm_033_stored(Value::Nil, s("x")),
+            "extra_keys is not an array",
+        ),
+        (
+            vllm_033_stored(Value::Nil, arr(vec![Value::from(1), Value::Nil])),
+            "extra_keys[0] is not an array",
+        ),
+    ];
+    for (event, what) in bad {
+        let err = one_event(event).unwrap_err().to_string();
+        assert!(err.contains(what), "{err}");
+    }
+    let mut m = match vllm_033_stored(Value::Nil, Value::Nil) {
+        Value::Map(m) => m,
+        _ => unreachable!(),
+    };
+    m.push((s("lora_name"), Value::from(1)));
+    // The later key wins in the decoder's map walk: a non-string name is an error.
+    let err = one_event(Value::Map(m)).unwrap_err().to_string();
+    assert!(err.contains("lora_name is not a string"), "{err}");
 }
