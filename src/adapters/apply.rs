@@ -1,7 +1,8 @@
 //! Applying a replica's events from async code. A small batch is applied on the
 //! calling task (a few µs; a hop to another thread would cost more). A heavy one —
 //! many blocks, or a clear, which scans the replica's whole scope — runs on tokio's
-//! blocking pool, so it never stalls the async workers that serve decisions.
+//! blocking pool (or, from sync code on a worker, under `block_in_place`), so it
+//! never stalls the async workers that serve decisions.
 
 use std::sync::Arc;
 
@@ -29,6 +30,23 @@ pub fn is_heavy(events: &[IndexEvent]) -> bool {
         }
     }
     blocks > INLINE_BLOCKS
+}
+
+/// For sync code on an async worker (the ZMQ subscriber): a heavy batch is
+/// applied under `block_in_place`, which hands this worker's other tasks to
+/// another thread first; a small one (or any batch on a current-thread runtime,
+/// where there is no other thread) is applied directly.
+pub fn apply_in_place(
+    router: &Router,
+    batch: &IngestBatch<'_>,
+) -> Result<IngestOutcome, IngestError> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread && is_heavy(batch.events) {
+        tokio::task::block_in_place(|| router.ingest(batch, Timestamp::now()))
+    } else {
+        router.ingest(batch, Timestamp::now())
+    }
 }
 
 /// Why a batch was not applied.
@@ -83,6 +101,28 @@ mod tests {
             hashes: (0..n as u64).collect(),
             token_counts: Vec::new(),
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_heavy_batch_in_place_is_applied_on_a_multi_thread_runtime() {
+        use crate::core::index::IndexConfig;
+        use crate::core::scope::ScopeRef;
+        use crate::core::snapshot::PolicySnapshot;
+        let router = Router::new(
+            IndexConfig::default(),
+            PolicySnapshot::empty(),
+            Timestamp::now(),
+        );
+        let events = [stored(INLINE_BLOCKS + 1)];
+        let batch = IngestBatch {
+            scope: ScopeRef::new("t", "m", "s"),
+            replica_id: "r",
+            endpoint: "10.0.0.1:8000",
+            events: &events,
+        };
+        let outcome = apply_in_place(&router, &batch).expect("applied");
+        assert_eq!(outcome.applied, 1);
+        assert_eq!(router.index().total_entries(), INLINE_BLOCKS as u64 + 1);
     }
 
     #[test]

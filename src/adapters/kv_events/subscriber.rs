@@ -62,6 +62,7 @@ use super::frames::{self, replay_reply};
 use super::metrics::{KvEventMetrics, StaleKey};
 use super::translate::{ReplicaChains, Skipped};
 use super::zmtp::{Connection, Limits, SocketType, ZmtpError};
+use crate::adapters::apply::apply_in_place;
 use crate::core::Router;
 use crate::core::index::{IndexEvent, IngestBatch, Tier};
 use crate::core::scope::ScopeKey;
@@ -895,7 +896,7 @@ impl Applier {
             endpoint: &self.config.address,
             events,
         };
-        match self.router.ingest(&batch, Timestamp::now()) {
+        match apply_in_place(&self.router, &batch) {
             Ok(o) => {
                 self.metrics.events("applied", u64::from(o.applied));
                 self.metrics.events("rejected", u64::from(o.rejected));
