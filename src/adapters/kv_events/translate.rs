@@ -140,39 +140,15 @@ impl ReplicaChains {
                     medium,
                     block_hashes,
                     ..
-                } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
-                    Some(tier) => {
-                        let hashes = if self.content.is_some() {
-                            self.store_lower(block_hashes)
-                        } else {
-                            block_hashes.clone()
-                        };
-                        let any = !hashes.is_empty();
-                        if any {
-                            out.push(IndexEvent::TierStored { tier, hashes });
-                        }
-                        any
-                    }
-                    None => false,
-                },
+                } if !main_pool(medium.as_deref()) => {
+                    self.lower_tier(medium.as_deref(), block_hashes, Held::Stored, out)
+                }
                 EngineEvent::BlockRemoved {
                     medium,
                     block_hashes,
-                } if !main_pool(medium.as_deref()) => match tier_of(medium.as_deref()) {
-                    Some(tier) => {
-                        let hashes = if self.content.is_some() {
-                            self.remove_content(block_hashes)
-                        } else {
-                            block_hashes.clone()
-                        };
-                        let any = !hashes.is_empty();
-                        if any {
-                            out.push(IndexEvent::TierRemoved { tier, hashes });
-                        }
-                        any
-                    }
-                    None => false,
-                },
+                } if !main_pool(medium.as_deref()) => {
+                    self.lower_tier(medium.as_deref(), block_hashes, Held::Removed, out)
+                }
                 EngineEvent::BlockStored {
                     block_hashes,
                     parent_block_hash,
@@ -336,7 +312,42 @@ impl ReplicaChains {
     }
 }
 
+/// Whether a lower-tier event stored or removed its blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Stored,
+    Removed,
+}
+
 impl ReplicaChains {
+    /// A store or removal in a lower tier (other media are skipped): own values
+    /// under a content scheme, engine hashes otherwise. Returns whether anything
+    /// was sent on.
+    fn lower_tier(
+        &mut self,
+        medium: Option<&str>,
+        block_hashes: &[u64],
+        held: Held,
+        out: &mut Vec<IndexEvent>,
+    ) -> bool {
+        let Some(tier) = tier_of(medium) else {
+            return false;
+        };
+        let hashes = match (self.content.is_some(), held) {
+            (false, _) => block_hashes.to_vec(),
+            (true, Held::Stored) => self.store_lower(block_hashes),
+            (true, Held::Removed) => self.remove_content(block_hashes),
+        };
+        if hashes.is_empty() {
+            return false;
+        }
+        out.push(match held {
+            Held::Stored => IndexEvent::TierStored { tier, hashes },
+            Held::Removed => IndexEvent::TierRemoved { tier, hashes },
+        });
+        true
+    }
+
     /// Remembers a position (content, identity) whose last reference went (see
     /// `retired`).
     fn retire(&mut self, engine: u64, position: (u64, u64)) {
