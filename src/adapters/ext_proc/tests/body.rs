@@ -551,9 +551,10 @@ fn original_dst_serves_a_body_that_names_no_scope_on_the_fleet() {
         assert_eq!(streamed(&out[1..]), vec![(body.to_vec(), true)]);
         picked.insert(dest);
     }
-    let all: std::collections::BTreeSet<String> = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
-        .map(String::from)
-        .into();
+    let all: std::collections::BTreeSet<String> =
+        ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+            .map(String::from)
+            .into();
     assert_eq!(picked, all, "equally loaded replicas take turns");
 }
 
@@ -596,7 +597,11 @@ fn original_dst_still_refuses_a_named_scope_without_replicas() {
     let mut st = StreamState::default();
     let mut msg = headers_msg(
         BodySendMode::None,
-        &[(TENANT, "acme"), (MODEL, "other-model"), (HASH_SCHEME, "vllm")],
+        &[
+            (TENANT, "acme"),
+            (MODEL, "other-model"),
+            (HASH_SCHEME, "vllm"),
+        ],
         None,
     );
     msg.protocol_config = None;
