@@ -30,6 +30,7 @@ fn verdicts(r: &Resolution) -> Verdicts {
     Verdicts {
         ignored: r.ignored.clone(),
         rejected: r.rejected.clone(),
+        pool_bindings: r.pool_bindings.clone(),
     }
 }
 
