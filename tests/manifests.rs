@@ -295,3 +295,53 @@ fn the_cluster_envoy_config_keeps_the_routing_of_envoy_override_host() {
         "the ext_proc cluster drifted"
     );
 }
+
+/// The sidecar's ClusterRole can get/list/watch every resource its watches read
+/// (`serve --kubernetes`), including GIE's InferencePools.
+#[test]
+fn the_cluster_role_reads_every_watched_resource() {
+    let role = documents()
+        .into_iter()
+        .find(|(_, _, d)| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "inferencecache")
+        .map(|(_, _, d)| serde_json::from_value::<ClusterRole>(d).unwrap())
+        .expect("ClusterRole inferencecache in manifests/");
+    let rules = role.rules.unwrap_or_default();
+    let can = |group: &str, resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            r.api_groups
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|g| g == group)
+                && r.resources
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource) in [
+        ("inferencecache.io", "cachepolicies"),
+        ("inferencecache.io", "cachetenants"),
+        ("inferencecache.io", "cachebackends"),
+        ("inferencecache.io", "prompttemplates"),
+        ("inferencecache.io", "pdtopologies"),
+        ("", "pods"),
+        ("inference.networking.k8s.io", "inferencepools"),
+    ] {
+        for verb in ["get", "list", "watch"] {
+            assert!(
+                can(group, resource, verb),
+                "cannot {verb} {group}/{resource}"
+            );
+        }
+    }
+    // Read only: we never write GIE's objects.
+    for verb in ["create", "update", "patch", "delete"] {
+        assert!(
+            !can("inference.networking.k8s.io", "inferencepools", verb),
+            "{verb}"
+        );
+    }
+}

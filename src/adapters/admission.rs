@@ -260,6 +260,14 @@ fn backend_rules(b: &CacheBackend) -> Vec<Finding> {
             &mut out,
         );
     }
+    if let Some(r) = &b.spec.inference_pool_ref {
+        non_empty("spec.inferencePoolRef.name", &r.name, &mut out);
+    }
+    if let Some(conflict) = crate::adapters::resolve::pool_ref_conflict(&b.spec) {
+        out.push(Finding::always(format!(
+            "spec.inferencePoolRef: {conflict}"
+        )));
+    }
     for (field, message) in crate::adapters::kv_events::ranks::backend_errors(&b.spec) {
         out.push(Finding::always(format!("{field}: {message}")));
     }

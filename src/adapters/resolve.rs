@@ -6,6 +6,8 @@
 //!  CacheTenant  ─ oldest per namespace ─▶ namespace → tenantID (first claim wins)
 //!  CachePolicy  ─ oldest per namespace ─▶ namespace → ResolvedPolicy (or defaults)
 //!  CacheBackend ─ namespace's tenant    ─▶ BackendDecl { scope, static replicas }
+//!      + selector        ─▶ the namespace's ready matching pods   (pods.rs)
+//!      + inferencePoolRef ─▶ the pool's ready pods × targetPorts  (pods.rs)
 //! ```
 //!
 //! Nothing is silently dropped: objects that lose the "oldest in the namespace"
@@ -32,6 +34,8 @@ use crate::core::snapshot::{BackendDecl, DeclaredReplica, NamespacePolicy, Polic
 use crate::crd::cache_backend::{CacheBackend, CacheBackendSpec};
 use crate::crd::cache_policy::{self, CachePolicy, CachePolicySpec};
 use crate::crd::cache_tenant::CacheTenant;
+use crate::crd::inference_pool::InferencePool;
+pub use pods::PoolProblem;
 
 /// The namespace an object without `metadata.namespace` belongs to.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -74,6 +78,38 @@ pub struct Resolution {
     pub snapshot: PolicySnapshot,
     pub ignored: Vec<Ignored>,
     pub rejected: Vec<Rejected>,
+    /// One per CacheBackend with an `inferencePoolRef` (Kubernetes mode).
+    pub pool_bindings: Vec<PoolBinding>,
+}
+
+/// Where a resolution may take InferencePools from.
+#[derive(Clone, Copy, Debug)]
+pub enum Pools<'a> {
+    /// File mode: no cluster, so a pool reference is invalid.
+    NoCluster,
+    /// Kubernetes mode, but the pools cannot be read (the message says why, e.g.
+    /// the GIE CRD is not installed): referencing backends get no replicas.
+    Unavailable(&'a str),
+    /// Kubernetes mode: every InferencePool of the cluster.
+    Listed(&'a [InferencePool]),
+}
+
+/// What the cluster holds besides our own kinds.
+#[derive(Clone, Copy, Debug)]
+pub struct Cluster<'a> {
+    pub pods: &'a [Pod],
+    pub pools: Pools<'a>,
+}
+
+/// How a CacheBackend's `inferencePoolRef` resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolBinding {
+    /// The backend's (and the pool's) namespace.
+    pub namespace: String,
+    pub backend: String,
+    pub pool: String,
+    /// The replicas it supplied, or why none.
+    pub outcome: Result<usize, PoolProblem>,
 }
 
 /// Builds the policy snapshot from the objects of all namespaces (file mode: no
@@ -83,16 +119,35 @@ pub fn resolve(
     tenants: &[CacheTenant],
     backends: &[CacheBackend],
 ) -> Resolution {
-    resolve_with_pods(policies, tenants, backends, &[])
+    let cluster = Cluster {
+        pods: &[],
+        pools: Pools::NoCluster,
+    };
+    resolve_in_cluster(policies, tenants, backends, &cluster)
 }
 
 /// [`resolve`] plus pod discovery: a backend with a `selector` also declares the
-/// ready pods of its namespace that the selector matches (see [`pods`]).
+/// ready pods of its namespace that the selector matches (see [`pods`]). No
+/// InferencePool exists.
 pub fn resolve_with_pods(
     policies: &[CachePolicy],
     tenants: &[CacheTenant],
     backends: &[CacheBackend],
     pods: &[Pod],
+) -> Resolution {
+    let cluster = Cluster {
+        pods,
+        pools: Pools::Listed(&[]),
+    };
+    resolve_in_cluster(policies, tenants, backends, &cluster)
+}
+
+/// Kubernetes mode: pods for selectors, InferencePools for `inferencePoolRef`.
+pub fn resolve_in_cluster(
+    policies: &[CachePolicy],
+    tenants: &[CacheTenant],
+    backends: &[CacheBackend],
+    cluster: &Cluster<'_>,
 ) -> Resolution {
     let mut out = Outcome::default();
 
@@ -123,13 +178,14 @@ pub fn resolve_with_pods(
 
     let decls = backends
         .iter()
-        .filter_map(|b| resolve_backend(b, &tenant_of, pods, &mut out))
+        .filter_map(|b| resolve_backend(b, &tenant_of, cluster, &mut out))
         .collect();
 
     Resolution {
         snapshot: PolicySnapshot::new(ResolvedPolicy::default(), namespaces, decls),
         ignored: out.ignored,
         rejected: out.rejected,
+        pool_bindings: out.pool_bindings,
     }
 }
 
@@ -137,6 +193,7 @@ pub fn resolve_with_pods(
 struct Outcome {
     ignored: Vec<Ignored>,
     rejected: Vec<Rejected>,
+    pool_bindings: Vec<PoolBinding>,
 }
 
 impl Outcome {
@@ -415,7 +472,7 @@ pub fn resolve_policy(
 fn resolve_backend(
     backend: &CacheBackend,
     tenant_of: &HashMap<String, TenantDecl>,
-    pods: &[Pod],
+    cluster: &Cluster<'_>,
     out: &mut Outcome,
 ) -> Option<BackendDecl> {
     let meta = &backend.metadata;
@@ -434,7 +491,7 @@ fn resolve_backend(
     let block_size = check_spec(spec, meta, out);
     let mut replicas = static_replicas(spec, meta, out);
     if let Some(selector) = &spec.selector {
-        match pods::discovered(ns, selector, spec, pods) {
+        match pods::discovered(ns, selector, spec, cluster.pods) {
             Ok(found) => {
                 // A static endpoint keeps its id; a pod of the same name is skipped.
                 for r in found {
@@ -447,6 +504,11 @@ fn resolve_backend(
                 out.reject(BACKEND, meta, field, message)
             }
         }
+    }
+    if let Some(pool_ref) = &spec.inference_pool_ref
+        && out.rejected.len() == errors_before
+    {
+        replicas = pool_replicas(backend, &pool_ref.name, cluster, out);
     }
     if out.rejected.len() > errors_before {
         return None;
@@ -467,6 +529,59 @@ fn resolve_backend(
     })
 }
 
+/// The replicas a backend takes from its InferencePool; records the binding.
+/// A pool that is missing, invalid or unreadable supplies none (the backend
+/// stays declared, its status says why); in file mode the reference is rejected.
+fn pool_replicas(
+    backend: &CacheBackend,
+    pool: &str,
+    cluster: &Cluster<'_>,
+    out: &mut Outcome,
+) -> Vec<DeclaredReplica> {
+    let meta = &backend.metadata;
+    let ns = namespace(meta);
+    let outcome = match cluster.pools {
+        Pools::NoCluster => {
+            out.reject(
+                BACKEND,
+                meta,
+                "spec.inferencePoolRef",
+                format!(
+                    "InferencePool {ns}/{pool}: a pool reference needs serve --kubernetes \
+                     (a policy file has no cluster to read InferencePools from)"
+                ),
+            );
+            return Vec::new();
+        }
+        Pools::Unavailable(why) => Err(PoolProblem {
+            reason: "Unavailable",
+            message: format!("InferencePool {ns}/{pool} cannot be read: {why}"),
+        }),
+        Pools::Listed(pools) => pools
+            .iter()
+            .find(|p| namespace(&p.metadata) == ns && name(&p.metadata) == pool)
+            .ok_or_else(|| PoolProblem {
+                reason: "NotFound",
+                message: format!("InferencePool {ns}/{pool} not found"),
+            })
+            .and_then(|p| pods::pool_members(p, &backend.spec, cluster.pods)),
+    };
+    let (replicas, outcome) = match outcome {
+        Ok(r) => {
+            let n = r.len();
+            (r, Ok(n))
+        }
+        Err(problem) => (Vec::new(), Err(problem)),
+    };
+    out.pool_bindings.push(PoolBinding {
+        namespace: ns.to_string(),
+        backend: name(meta).to_string(),
+        pool: pool.to_string(),
+        outcome,
+    });
+    replicas
+}
+
 /// Scalar checks of a backend spec; returns the block size.
 fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> u32 {
     if spec.model_id.is_empty() {
@@ -474,6 +589,19 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
     }
     if spec.hash_scheme.is_empty() {
         out.reject(BACKEND, meta, "spec.hashScheme", "must be non-empty".into());
+    }
+    if let Some(r) = &spec.inference_pool_ref {
+        if r.name.is_empty() {
+            out.reject(
+                BACKEND,
+                meta,
+                "spec.inferencePoolRef.name",
+                "must be non-empty".into(),
+            );
+        }
+        if let Some(message) = pool_ref_conflict(spec) {
+            out.reject(BACKEND, meta, "spec.inferencePoolRef", message);
+        }
     }
     let mut port = |field: &str, p: Option<i32>| {
         if let Some(p) = p.filter(|p| !(1..=65535).contains(p)) {
@@ -522,6 +650,29 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
             );
             0
         })
+}
+
+/// Why `spec.inferencePoolRef` cannot stand with the other replica fields: the
+/// pool is the whole replica set (its selector, its ports). Shared with admission.
+pub fn pool_ref_conflict(spec: &CacheBackendSpec) -> Option<String> {
+    spec.inference_pool_ref.as_ref()?;
+    let mut set = Vec::new();
+    if spec.selector.is_some() {
+        set.push("spec.selector");
+    }
+    if spec.target_port.is_some() {
+        set.push("spec.targetPort");
+    }
+    if !spec.endpoints.is_empty() {
+        set.push("spec.endpoints");
+    }
+    (!set.is_empty()).then(|| {
+        format!(
+            "excludes {} (the pool's selector and targetPorts are the replica set; \
+             use exactly one of spec.selector, spec.endpoints, spec.inferencePoolRef)",
+            set.join(", ")
+        )
+    })
 }
 
 /// `spec.endpoints[]` → declared replicas. A replica's KV event socket is its

@@ -34,6 +34,11 @@ use super::Condition;
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[x_kube(
+    validation = Rule::new("!has(self.inferencePoolRef) || (!has(self.selector) && !has(self.targetPort) && (!has(self.endpoints) || size(self.endpoints) == 0))")
+        .message("inferencePoolRef excludes selector, targetPort and endpoints (the pool is the replica set)")
+        .field_path(".inferencePoolRef")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct CacheBackendSpec {
     pub engine: Engine,
@@ -55,6 +60,13 @@ pub struct CacheBackendSpec {
     /// Pods of this backend (Kubernetes discovery).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
+
+    /// Take the replicas from a Gateway API Inference Extension `InferencePool`
+    /// of this namespace (its selector and targetPorts) instead of a selector of
+    /// our own. Excludes `selector`, `targetPort` and `endpoints`; Kubernetes mode
+    /// only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_pool_ref: Option<InferencePoolRef>,
 
     /// Port written into the routing header for discovered pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +109,14 @@ pub struct CacheBackendSpec {
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.all(a, a != '')").message("loraAdapters entries must be non-empty"))]
     pub lora_adapters: Vec<String>,
+}
+
+/// `spec.inferencePoolRef`: an InferencePool in the backend's own namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct InferencePoolRef {
+    #[x_kube(validation = Rule::new("self != ''").message("inferencePoolRef.name must be non-empty"))]
+    pub name: String,
 }
 
 /// `spec.tokenizer` (body mode, contract §12).

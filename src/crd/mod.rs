@@ -10,6 +10,7 @@
 //!  CachePolicy ─┐
 //!  CacheTenant ─┼─▶ adapters::resolve ─▶ core::snapshot::PolicySnapshot
 //!  CacheBackend ┘
+//!  InferencePool (GIE's, read only) ─▶ a CacheBackend's replicas
 //!  PromptTemplate, PDTopology: contract only (no reconciler yet)
 //!  CacheIndex: status-only, written by the controller
 //! ```
@@ -24,6 +25,7 @@ pub mod cache_backend;
 pub mod cache_index;
 pub mod cache_policy;
 pub mod cache_tenant;
+pub mod inference_pool;
 pub mod openapi;
 pub mod pd_topology;
 pub mod prompt_template;

@@ -470,3 +470,71 @@ fn policy_tier_weights_are_decimals_in_0_1() {
     let m = denied("CachePolicy", json!({"tierWeights": {"disk": "-1"}}));
     assert!(m.contains("tierWeights.disk"), "{m}");
 }
+
+#[test]
+fn backend_inference_pool_ref_is_the_only_replica_source() {
+    admitted(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "inferencePoolRef": {"name": "llama"}, "kvEvents": {"port": 5557}}),
+    );
+    for (extra, field) in [
+        (
+            json!({"selector": {"matchLabels": {"app": "x"}}}),
+            "spec.selector",
+        ),
+        (json!({"targetPort": 8000}), "spec.targetPort"),
+        (
+            json!({"endpoints": [{"id": "r1", "address": "10.0.0.1:8000"}]}),
+            "spec.endpoints",
+        ),
+    ] {
+        let mut spec = json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+                              "inferencePoolRef": {"name": "llama"}});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let m = denied("CacheBackend", spec);
+        assert!(
+            m.contains("spec.inferencePoolRef: excludes ") && m.contains(field),
+            "{m}"
+        );
+        assert!(m.contains("exactly one of spec.selector"), "{m}");
+        // The webhook's own message, not the CEL net's.
+        assert!(!m.contains("(CEL)"), "{m}");
+    }
+    let m = denied(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "inferencePoolRef": {"name": ""}}),
+    );
+    assert!(
+        m.contains("spec.inferencePoolRef.name: must be non-empty"),
+        "{m}"
+    );
+    let m = denied(
+        "CacheBackend",
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "inferencePoolRef": {"name": "llama", "namespace": "other"}}),
+    );
+    assert!(
+        m.contains("spec.inferencePoolRef.namespace: unknown field"),
+        "{m}"
+    );
+}
+
+/// The CRD's CEL rule says the same as the webhook (for clusters that run
+/// without the webhook).
+#[test]
+fn backend_cel_refuses_a_pool_ref_next_to_a_selector() {
+    let b: crate::crd::cache_backend::CacheBackend =
+        crate::crd::mk_object(json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "inferencePoolRef": {"name": "llama"},
+               "selector": {"matchLabels": {"app": "x"}}}));
+    let e = b.validate_cel().unwrap_err().to_string();
+    assert!(e.contains("inferencePoolRef excludes selector"), "{e}");
+    let b: crate::crd::cache_backend::CacheBackend =
+        crate::crd::mk_object(json!({"engine": "vLLM", "modelID": "m", "hashScheme": "h",
+               "inferencePoolRef": {"name": "llama"}, "endpoints": []}));
+    assert!(b.validate_cel().is_ok());
+}

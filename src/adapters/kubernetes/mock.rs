@@ -8,6 +8,7 @@
 //!   test calls [`ApiServer::release`]; every other WATCH is held open.
 //! - PATCH `…/status` answers the object named, `POST` creates; the CacheIndex
 //!   singleton answers 404 until created when the scenario says it is missing.
+//! - A resource in [`Scenario::missing`] (its CRD not installed) answers 404.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub struct Scenario {
     pub events: HashMap<&'static str, Vec<Value>>,
     /// Whether the CacheIndex singleton exists already.
     pub cache_index_exists: bool,
+    /// Resource plurals whose CRD is not installed: every request gets 404.
+    pub missing: Vec<&'static str>,
 }
 
 /// One request as received: method, path with query, JSON body if any.
@@ -74,7 +77,9 @@ impl ApiServer {
                         let path = parts.uri.path().to_string();
                         let query = parts.uri.query().unwrap_or("");
                         let resource = resource_of(&path);
-                        if parts.method == Method::GET && query.contains("watch=true") {
+                        if scenario.missing.contains(&resource.as_str()) {
+                            send.send_response(not_found(&resource));
+                        } else if parts.method == Method::GET && query.contains("watch=true") {
                             let first = !watched.contains(&resource);
                             watched.push(resource.clone());
                             match scenario.events.get(resource.as_str()) {

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  apiserver ──list/watch──▶ watch (reflector stores, debounced)
-//!                              │ resolve_with_pods ─▶ Router::install(snapshot)
+//!                              │ resolve_in_cluster ─▶ Router::install(snapshot)
 //!                              ▼ Cluster state (objects + ignored/rejected)
 //!  Lease ──▶ leader ──is leader──▶ publish (every 10 s and after changes)
 //!                                    │ status::* (pure) + Router::view

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::{Map, Value};
 
-use crate::adapters::resolve::{DEFAULT_NAMESPACE, Ignored, Rejected};
+use crate::adapters::resolve::{DEFAULT_NAMESPACE, Ignored, PoolBinding, Rejected};
 use crate::core::index::{IndexView, ReplicaView};
 use crate::core::scope::PROBE_TENANT;
 use crate::core::snapshot::PolicySnapshot;
@@ -39,6 +39,9 @@ use crate::crd::prompt_template::{PromptTemplate, PromptTemplateStatus, SlotType
 pub const READY: &str = "Ready";
 /// Condition type present (True) on an object that lost "oldest in the namespace".
 pub const IGNORED: &str = "Ignored";
+/// Condition type of a CacheBackend with `spec.inferencePoolRef`: did the pool
+/// supply its replicas?
+pub const POOL_RESOLVED: &str = "InferencePoolResolved";
 /// Condition type of a PromptTemplate: does the body keep Stable slots first?
 pub const PREFIX_STABLE: &str = "PrefixStable";
 
@@ -58,6 +61,8 @@ pub enum Standing {
 pub struct Verdicts {
     pub ignored: Vec<Ignored>,
     pub rejected: Vec<Rejected>,
+    /// How each `inferencePoolRef` resolved.
+    pub pool_bindings: Vec<PoolBinding>,
 }
 
 impl Verdicts {
@@ -260,11 +265,30 @@ pub fn backend_status(
         }
         None => (None, String::new()),
     };
+    let mut conditions = Conditions::new(previous, &b.metadata, now).standing(&standing, effective);
+    let binding = verdicts
+        .pool_bindings
+        .iter()
+        .find(|p| p.namespace == ns && p.backend == name);
+    if let Some(binding) = binding {
+        conditions = match &binding.outcome {
+            Ok(n) => conditions.set(
+                POOL_RESOLVED,
+                true,
+                "Resolved",
+                format!("InferencePool {ns}/{}: {n} endpoint(s)", binding.pool),
+            ),
+            Err(problem) => conditions.set(
+                POOL_RESOLVED,
+                false,
+                problem.reason,
+                problem.message.clone(),
+            ),
+        };
+    }
     CacheBackendStatus {
         index_participation: participation,
-        conditions: Conditions::new(previous, &b.metadata, now)
-            .standing(&standing, effective)
-            .out,
+        conditions: conditions.out,
         observed_generation: b.metadata.generation,
     }
 }

@@ -6,9 +6,10 @@
 //!  CacheTenant  ├─ watcher ─▶ reflector Store ─┐ any event marks dirty
 //!  CacheBackend ┤                              │ quiet for `debounce`, and the
 //!  Pod          ┘ (all namespaces, trimmed)    │ four stores listed once
+//!  InferencePool (GIE's; CRD may be missing) ──┤ (listed, or its watch failed)
 //!  PromptTemplate, PDTopology (status only) ───┤
 //!                                              ▼
-//!        resolve_with_pods(policies, tenants, backends, pods)
+//!        resolve_in_cluster(policies, tenants, backends, pods, pools)
 //!          ├─▶ install(snapshot)    only when the revision changed
 //!          └─▶ Observed { objects, verdicts }  for the status publisher
 //! ```
@@ -17,8 +18,17 @@
 //! moves (a delete plus a create), a tenant changing its `tenantID` and several
 //! objects in one namespace need no special cases: the rebuild resolves whatever
 //! is there now (oldest per namespace wins, in `resolve`). Pods are watched in all
-//! namespaces because the selectors are arbitrary; their spec, managed fields and
-//! container statuses are dropped before they are stored.
+//! namespaces because the selectors are arbitrary; their spec, managed fields,
+//! container statuses and annotations (but GIE's active-ports one) are dropped
+//! before they are stored.
+//!
+//! InferencePools belong to the Gateway API Inference Extension, whose CRD may
+//! not be installed: until the pools list once, their watch failing (404, 403)
+//! is logged with the reason, CacheBackends with `inferencePoolRef` get no
+//! replicas and an `InferencePoolResolved=False` condition, and everything else
+//! works. The watch keeps retrying, so installing the CRD later is picked up.
+//! Once listed, a later watch error keeps the last pools (as for every kind)
+//! rather than dropping the replicas of a transient disconnect.
 
 use std::fmt::Debug;
 use std::pin::Pin;
@@ -36,11 +46,13 @@ use tokio::sync::watch as latest;
 
 use super::status::Verdicts;
 use crate::adapters::policy_file::FileObjects;
-use crate::adapters::resolve::{DEFAULT_NAMESPACE, resolve_with_pods};
+use crate::adapters::resolve::pods::ACTIVE_PORTS_ANNOTATION;
+use crate::adapters::resolve::{Cluster, DEFAULT_NAMESPACE, Pools, resolve_in_cluster};
 use crate::core::snapshot::PolicySnapshot;
 use crate::crd::cache_backend::CacheBackend;
 use crate::crd::cache_policy::CachePolicy;
 use crate::crd::cache_tenant::CacheTenant;
+use crate::crd::inference_pool::InferencePool;
 use crate::crd::pd_topology::PDTopology;
 use crate::crd::prompt_template::PromptTemplate;
 
@@ -70,6 +82,32 @@ struct Stores {
     pods: Store<Pod>,
     templates: Store<PromptTemplate>,
     topologies: Store<PDTopology>,
+    pools: Store<InferencePool>,
+}
+
+/// Whether the InferencePools can be used: listed once, or why not yet.
+#[derive(Clone, Debug, Default)]
+struct PoolWatch {
+    listed: bool,
+    /// The last watch error before the first list (the CRD missing, RBAC).
+    failing: Option<String>,
+}
+
+impl PoolWatch {
+    /// The pools as resolution sees them.
+    fn pools<'a>(&'a self, listed: &'a [InferencePool]) -> Pools<'a> {
+        match (&self.listed, &self.failing) {
+            (true, _) => Pools::Listed(listed),
+            (false, Some(why)) => Pools::Unavailable(why),
+            (false, None) => Pools::Unavailable("not listed yet"),
+        }
+    }
+
+    /// Whether the first snapshot may be built: the pools are known, or known
+    /// to be unreadable (a missing GIE CRD never holds the policy back).
+    fn settled(&self) -> bool {
+        self.listed || self.failing.is_some()
+    }
 }
 
 /// Which watch an event came from; the first four make up the routing policy.
@@ -81,6 +119,7 @@ enum Source {
     Pods = 3,
     Templates = 4,
     Topologies = 5,
+    Pools = 6,
 }
 
 /// A store event reduced to what the rebuild loop needs.
@@ -118,10 +157,16 @@ fn trim_meta<K: Resource>(k: &mut K) {
     k.meta_mut().managed_fields = None;
 }
 
-/// A pod is only read for its namespace, name, labels, IP and Ready condition.
+/// A pod is only read for its namespace, name, labels, IP, Ready condition and
+/// GIE's active-ports annotation.
 fn trim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
-    p.metadata.annotations = None;
+    if let Some(a) = p.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == ACTIVE_PORTS_ANNOTATION);
+        if a.is_empty() {
+            p.metadata.annotations = None;
+        }
+    }
     p.spec = None;
     if let Some(s) = p.status.as_mut() {
         s.container_statuses = None;
@@ -150,6 +195,7 @@ pub async fn run(
     let (pods, s3) = watch_kind(&client, Source::Pods, trim_pod);
     let (templates, s4) = watch_kind(&client, Source::Templates, trim_meta::<PromptTemplate>);
     let (topologies, s5) = watch_kind(&client, Source::Topologies, trim_meta::<PDTopology>);
+    let (pools, s6) = watch_kind(&client, Source::Pools, trim_meta::<InferencePool>);
     let stores = Stores {
         policies,
         tenants,
@@ -157,18 +203,20 @@ pub async fn run(
         pods,
         templates,
         topologies,
+        pools,
     };
-    let mut signals = futures::stream::select_all([s0, s1, s2, s3, s4, s5]);
+    let mut signals = futures::stream::select_all([s0, s1, s2, s3, s4, s5, s6]);
 
     let mut file_open = true;
-    let mut listed = [false; 6];
+    let mut listed = [false; 7];
+    let mut pool_watch = PoolWatch::default();
     let mut dirty_since: Option<tokio::time::Instant> = None;
     let mut last_revision: Option<String> = None;
     let mut last_problems: Vec<String> = Vec::new();
     loop {
         // The policy is complete once the four routing kinds were listed; the
         // status-only kinds (whose CRDs may be missing) never hold it back.
-        let ready = listed[..4].iter().all(|l| *l);
+        let ready = listed[..4].iter().all(|l| *l) && pool_watch.settled();
         let due = dirty_since.filter(|_| ready).map(|t| t + debounce);
         tokio::select! {
             next = signals.next() => match next {
@@ -176,9 +224,31 @@ pub async fn run(
                 Some((source, Signal::Changed { listed: done })) => {
                     if done {
                         listed[source as usize] = true;
+                        if source == Source::Pools && !pool_watch.listed {
+                            pool_watch = PoolWatch { listed: true, failing: None };
+                            tracing::info!("InferencePools listed");
+                        }
                     }
                     // Debounce from the latest event: wait for a quiet period.
                     dirty_since = Some(tokio::time::Instant::now());
+                }
+                Some((Source::Pools, Signal::Failed(e))) => {
+                    let why = format!(
+                        "the InferencePool watch fails ({e}); is the Gateway API Inference \
+                         Extension CRD installed, and may we list inferencepools?"
+                    );
+                    if !pool_watch.listed && pool_watch.failing.as_deref() != Some(why.as_str()) {
+                        tracing::warn!(
+                            error = %e,
+                            "InferencePool watch failed (GIE CRD not installed, or RBAC); \
+                             CacheBackends with inferencePoolRef get no replicas until the \
+                             pools list; retrying"
+                        );
+                        pool_watch.failing = Some(why);
+                        dirty_since = Some(tokio::time::Instant::now());
+                    } else {
+                        tracing::debug!(error = %e, "InferencePool watch failed; retrying");
+                    }
                 }
                 Some((source, Signal::Failed(e))) => {
                     tracing::warn!(?source, error = %e, "kubernetes watch failed; retrying");
@@ -192,13 +262,20 @@ pub async fn run(
             () = sleep_until(due) => {
                 dirty_since = None;
                 let extra = file.borrow().clone();
-                let (snapshot, seen) = rebuild(&stores, &extra);
+                let (snapshot, seen) = rebuild(&stores, &pool_watch, &extra);
                 let problems: Vec<String> = seen
                     .verdicts
                     .rejected
                     .iter()
                     .map(ToString::to_string)
                     .chain(seen.verdicts.ignored.iter().map(ToString::to_string))
+                    .chain(seen.verdicts.pool_bindings.iter().filter_map(|b| {
+                        let problem = b.outcome.as_ref().err()?;
+                        Some(format!(
+                            "CacheBackend {}/{}: no replicas: {}",
+                            b.namespace, b.backend, problem.message
+                        ))
+                    }))
                     .collect();
                 if problems != last_problems {
                     for p in &problems {
@@ -237,7 +314,11 @@ fn owned<K: Clone>(v: &[Arc<K>]) -> Vec<K> {
 }
 
 /// One snapshot from the stores as they are now.
-fn rebuild(stores: &Stores, file: &FileObjects) -> (PolicySnapshot, Observed) {
+fn rebuild(
+    stores: &Stores,
+    pool_watch: &PoolWatch,
+    file: &FileObjects,
+) -> (PolicySnapshot, Observed) {
     let policies = stores.policies.state();
     let tenants = stores.tenants.state();
     let backends = stores.backends.state();
@@ -247,10 +328,10 @@ fn rebuild(stores: &Stores, file: &FileObjects) -> (PolicySnapshot, Observed) {
     policy_objs.extend(file.policies.iter().cloned());
     tenant_objs.extend(file.tenants.iter().cloned());
     backend_objs.extend(file.backends.iter().cloned());
-    // Only pods of namespaces with a selector backend can be replicas.
+    // Only pods of namespaces with a selector or pool backend can be replicas.
     let selecting: std::collections::HashSet<&str> = backend_objs
         .iter()
-        .filter(|b| b.spec.selector.is_some())
+        .filter(|b| b.spec.selector.is_some() || b.spec.inference_pool_ref.is_some())
         .map(|b| b.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
         .collect();
     let pods: Vec<Pod> = stores
@@ -262,7 +343,12 @@ fn rebuild(stores: &Stores, file: &FileObjects) -> (PolicySnapshot, Observed) {
         })
         .map(|p| (**p).clone())
         .collect();
-    let resolution = resolve_with_pods(&policy_objs, &tenant_objs, &backend_objs, &pods);
+    let pool_objs: Vec<InferencePool> = owned(&stores.pools.state());
+    let cluster = Cluster {
+        pods: &pods,
+        pools: pool_watch.pools(&pool_objs),
+    };
+    let resolution = resolve_in_cluster(&policy_objs, &tenant_objs, &backend_objs, &cluster);
     let observed = Observed {
         policies,
         tenants,
@@ -272,6 +358,7 @@ fn rebuild(stores: &Stores, file: &FileObjects) -> (PolicySnapshot, Observed) {
         verdicts: Verdicts {
             ignored: resolution.ignored,
             rejected: resolution.rejected,
+            pool_bindings: resolution.pool_bindings,
         },
         revision: resolution.snapshot.revision().to_string(),
     };

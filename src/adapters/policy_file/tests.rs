@@ -486,3 +486,19 @@ fn lora_adapters_load_from_yaml_and_bad_ones_are_named() {
         assert!(e.contains(says), "{adapters}: {e}");
     }
 }
+
+/// File mode has no cluster: a CacheBackend naming an InferencePool fails the
+/// load, naming the file, the field and the way out.
+#[test]
+fn an_inference_pool_ref_is_an_error_in_a_policy_file() {
+    let pooled = BACKEND.replace(
+        "  endpoints: [{id: r1, address: '127.0.0.1:9001'}]\n",
+        "  inferencePoolRef: {name: llama}\n",
+    );
+    let e = load_err(&[("10-tenant.yaml", TENANT), ("30-backend.yaml", &pooled)]);
+    assert!(e.contains("30-backend.yaml: document 1"), "{e}");
+    assert!(
+        e.contains("spec.inferencePoolRef: InferencePool team-a/llama: a pool reference needs serve --kubernetes"),
+        "{e}"
+    );
+}

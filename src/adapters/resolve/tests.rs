@@ -400,3 +400,266 @@ fn a_selector_backend_without_target_port_is_rejected_by_field() {
     assert_eq!(r.rejected[0].field, "spec.targetPort");
     assert!(r.snapshot.backends().is_empty());
 }
+
+fn pool(ns: &str, name: &str, app: &str, ports: &[i32]) -> InferencePool {
+    let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
+    serde_json::from_value(json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"selector": {"matchLabels": {"app": app}}, "targetPorts": ports,
+                 "endpointPickerRef": {"name": "inferencecache", "port": {"number": 50051}}},
+    }))
+    .unwrap()
+}
+
+fn pool_backend(ns: &str, pool: &str, extra: Value) -> CacheBackend {
+    let mut spec = json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s",
+                          "inferencePoolRef": {"name": pool},
+                          "kvEvents": {"port": 5557, "replayPort": 5600}});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    backend(ns, "llama", spec)
+}
+
+fn labelled_pod(ns: &str, name: &str, app: &str, ip: &str) -> Pod {
+    let mut p = ready_pod(ns, name, ip, true);
+    p.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+    p
+}
+
+fn in_cluster(backends: &[CacheBackend], pods: &[Pod], pools: Pools<'_>) -> Resolution {
+    resolve_in_cluster(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        backends,
+        &Cluster { pods, pools },
+    )
+}
+
+type Row = (String, String, Option<String>, Option<String>);
+
+fn rows(r: &Resolution) -> Vec<Row> {
+    r.snapshot.backends()[0]
+        .replicas
+        .iter()
+        .map(|r| {
+            (
+                r.id.clone(),
+                r.address.clone(),
+                r.kv_events_endpoint.clone(),
+                r.kv_replay_endpoint.clone(),
+            )
+        })
+        .collect()
+}
+
+fn row(id: &str, addr: &str, kv: &str, replay: &str) -> Row {
+    (id.into(), addr.into(), Some(kv.into()), Some(replay.into()))
+}
+
+#[test]
+fn a_pool_backend_declares_the_pools_ready_pods_at_its_target_port() {
+    let pods = [
+        labelled_pod("team-a", "vllm-0", "vllm", "10.0.0.1"),
+        labelled_pod("team-a", "other-0", "other", "10.0.0.2"),
+        // Same labels, another namespace: not the pool's.
+        labelled_pod("team-b", "vllm-9", "vllm", "10.0.0.9"),
+    ];
+    let pools = [
+        pool("team-a", "llama", "vllm", &[8000]),
+        // Same name in another namespace: never the one referenced.
+        pool("team-b", "llama", "other", &[7000]),
+    ];
+    let r = in_cluster(
+        &[pool_backend("team-a", "llama", json!({}))],
+        &pods,
+        Pools::Listed(&pools),
+    );
+    assert!(r.rejected.is_empty(), "{:?}", messages(&r));
+    assert_eq!(
+        rows(&r),
+        [row(
+            "vllm-0",
+            "10.0.0.1:8000",
+            "tcp://10.0.0.1:5557",
+            "tcp://10.0.0.1:5600"
+        )]
+    );
+    assert_eq!(r.pool_bindings.len(), 1);
+    assert_eq!(r.pool_bindings[0].pool, "llama");
+    assert_eq!(r.pool_bindings[0].outcome, Ok(1));
+}
+
+/// GIE: every target port is a distinct endpoint `<pod>-rank-<i>`, narrowed by
+/// the pod's active-ports annotation; rank i follows KV ports + i.
+#[test]
+fn several_target_ports_are_ranked_endpoints_narrowed_by_active_ports() {
+    let mut narrowed = labelled_pod("team-a", "vllm-1", "vllm", "10.0.0.2");
+    narrowed.metadata.annotations = Some(
+        [(
+            pods::ACTIVE_PORTS_ANNOTATION.to_string(),
+            "8001, junk".to_string(),
+        )]
+        .into(),
+    );
+    let pods = [
+        labelled_pod("team-a", "vllm-0", "vllm", "10.0.0.1"),
+        narrowed,
+    ];
+    let pools = [pool("team-a", "llama", "vllm", &[8000, 8001])];
+    let r = in_cluster(
+        &[pool_backend("team-a", "llama", json!({}))],
+        &pods,
+        Pools::Listed(&pools),
+    );
+    assert!(r.rejected.is_empty(), "{:?}", messages(&r));
+    assert_eq!(
+        rows(&r),
+        [
+            row(
+                "vllm-0-rank-0",
+                "10.0.0.1:8000",
+                "tcp://10.0.0.1:5557",
+                "tcp://10.0.0.1:5600"
+            ),
+            row(
+                "vllm-0-rank-1",
+                "10.0.0.1:8001",
+                "tcp://10.0.0.1:5558",
+                "tcp://10.0.0.1:5601"
+            ),
+            row(
+                "vllm-1-rank-1",
+                "10.0.0.2:8001",
+                "tcp://10.0.0.2:5558",
+                "tcp://10.0.0.2:5601"
+            ),
+        ]
+    );
+    assert_eq!(r.pool_bindings[0].outcome, Ok(3));
+}
+
+#[test]
+fn a_missing_or_unreadable_pool_leaves_the_backend_declared_without_replicas() {
+    let pods = [labelled_pod("team-a", "vllm-0", "vllm", "10.0.0.1")];
+    let b = [pool_backend("team-a", "llama", json!({}))];
+    for (pools, reason, text) in [
+        (
+            Pools::Listed(&[]),
+            "NotFound",
+            "InferencePool team-a/llama not found",
+        ),
+        (
+            Pools::Unavailable("the CRD is not installed"),
+            "Unavailable",
+            "InferencePool team-a/llama cannot be read: the CRD is not installed",
+        ),
+    ] {
+        let r = in_cluster(&b, &pods, pools);
+        assert!(r.rejected.is_empty(), "{:?}", messages(&r));
+        assert_eq!(r.snapshot.backends().len(), 1, "the scope stays declared");
+        assert!(r.snapshot.backends()[0].replicas.is_empty());
+        let problem = r.pool_bindings[0].outcome.clone().unwrap_err();
+        assert_eq!(problem.reason, reason);
+        assert_eq!(problem.message, text);
+    }
+}
+
+#[test]
+fn an_invalid_pool_or_a_conflicting_backend_supplies_nothing_and_says_why() {
+    let pods = [labelled_pod("team-a", "vllm-0", "vllm", "10.0.0.1")];
+    let cases: [(InferencePool, Value, &str, &str); 4] = [
+        (
+            pool("team-a", "llama", "vllm", &[8000, 8000]),
+            json!({}),
+            "Invalid",
+            "spec.targetPorts[1].number 8000 is listed twice",
+        ),
+        (
+            pool("team-a", "llama", "vllm", &[0]),
+            json!({}),
+            "Invalid",
+            "spec.targetPorts[0].number 0 is not a port",
+        ),
+        (
+            pool("team-a", "llama", "vllm", &[8000, 8001]),
+            json!({"dataParallelSize": 2}),
+            "Conflict",
+            "spec.dataParallelSize 2 would subscribe overlapping KV event ports",
+        ),
+        (
+            pool("team-a", "llama", "vllm", &[8000, 8001]),
+            json!({"kvEvents": {"port": 65535}}),
+            "Conflict",
+            "spec.kvEvents.port 65535 + 1 target ports",
+        ),
+    ];
+    for (p, extra, reason, text) in cases {
+        let r = in_cluster(
+            &[pool_backend("team-a", "llama", extra)],
+            &pods,
+            Pools::Listed(std::slice::from_ref(&p)),
+        );
+        assert!(r.rejected.is_empty(), "{:?}", messages(&r));
+        assert!(r.snapshot.backends()[0].replicas.is_empty());
+        let problem = r.pool_bindings[0].outcome.clone().unwrap_err();
+        assert_eq!(problem.reason, reason);
+        assert!(problem.message.contains(text), "{}", problem.message);
+    }
+    let mut empty = pool("team-a", "llama", "vllm", &[8000]);
+    empty.spec.selector.match_labels.clear();
+    let r = in_cluster(
+        &[pool_backend("team-a", "llama", json!({}))],
+        &pods,
+        Pools::Listed(std::slice::from_ref(&empty)),
+    );
+    let problem = r.pool_bindings[0].outcome.clone().unwrap_err();
+    assert!(
+        problem.message.contains("matchLabels is empty"),
+        "{}",
+        problem.message
+    );
+}
+
+#[test]
+fn a_pool_ref_is_an_error_in_file_mode_and_next_to_a_selector() {
+    let r = resolve(
+        &[],
+        &[tenant("team-a", "t", None, "acme")],
+        &[pool_backend("team-a", "llama", json!({}))],
+    );
+    assert_eq!(r.rejected.len(), 1, "{:?}", messages(&r));
+    assert_eq!(r.rejected[0].field, "spec.inferencePoolRef");
+    assert!(
+        r.rejected[0].message.contains("needs serve --kubernetes"),
+        "{}",
+        r.rejected[0].message
+    );
+    assert!(r.snapshot.backends().is_empty());
+
+    let pools = [pool("team-a", "llama", "vllm", &[8000])];
+    let r = in_cluster(
+        &[pool_backend(
+            "team-a",
+            "llama",
+            json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPort": 8000}),
+        )],
+        &[],
+        Pools::Listed(&pools),
+    );
+    assert_eq!(r.rejected.len(), 1, "{:?}", messages(&r));
+    assert_eq!(r.rejected[0].field, "spec.inferencePoolRef");
+    assert!(
+        r.rejected[0]
+            .message
+            .contains("excludes spec.selector, spec.targetPort"),
+        "{}",
+        r.rejected[0].message
+    );
+    assert!(r.snapshot.backends().is_empty());
+    assert!(
+        r.pool_bindings.is_empty(),
+        "a rejected backend binds nothing"
+    );
+}

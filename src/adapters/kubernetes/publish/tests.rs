@@ -90,6 +90,7 @@ fn world() -> World {
         verdicts: Verdicts {
             ignored: r.ignored,
             rejected: r.rejected,
+            pool_bindings: r.pool_bindings,
         },
         revision,
     };

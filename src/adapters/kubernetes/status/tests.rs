@@ -30,6 +30,7 @@ fn verdicts(r: &Resolution) -> Verdicts {
     Verdicts {
         ignored: r.ignored.clone(),
         rejected: r.rejected.clone(),
+        pool_bindings: r.pool_bindings.clone(),
     }
 }
 
@@ -394,4 +395,99 @@ fn merge_patch_nulls_what_disappeared() {
         merge_patch(None, desired.clone()),
         json!({"status": desired})
     );
+}
+
+/// `InferencePoolResolved` on a backend with `inferencePoolRef`: False naming
+/// the missing pool (the backend itself stays Ready, its scope declared with no
+/// replicas), True once the pool supplies endpoints; absent without a reference.
+#[test]
+fn pool_backend_condition_names_a_missing_pool_and_clears_when_it_appears() {
+    use crate::adapters::resolve::{Cluster, Pools, resolve_in_cluster};
+    use crate::crd::inference_pool::InferencePool;
+    let t: CacheTenant = mk("CacheTenant", "team-a", "t", 0, json!({"tenantID": "acme"}));
+    let b: CacheBackend = mk(
+        "CacheBackend",
+        "team-a",
+        "llama",
+        0,
+        json!({"engine": "vLLM", "modelID": "m", "hashScheme": "s",
+               "inferencePoolRef": {"name": "pool-a"}}),
+    );
+    let pods: Vec<k8s_openapi::api::core::v1::Pod> = vec![
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p0", "namespace": "team-a", "labels": {"app": "vllm"}},
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap(),
+    ];
+    let resolve = |pools: Pools<'_>| {
+        resolve_in_cluster(
+            &[],
+            std::slice::from_ref(&t),
+            std::slice::from_ref(&b),
+            &Cluster { pods: &pods, pools },
+        )
+    };
+    let condition = |s: &CacheBackendStatus, type_: &str| {
+        s.conditions.iter().find(|c| c.type_ == type_).cloned()
+    };
+
+    let r = resolve(Pools::Listed(&[]));
+    let s = backend_status(
+        &b,
+        &verdicts(&r),
+        &r.snapshot,
+        &IndexView::default(),
+        &now(),
+    );
+    assert_eq!(condition(&s, READY).unwrap().status, "True");
+    let c = condition(&s, POOL_RESOLVED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotFound")
+    );
+    assert_eq!(c.message, "InferencePool team-a/pool-a not found");
+    assert!(s.index_participation.unwrap().replicas.is_empty());
+
+    let pool: InferencePool = serde_json::from_value(json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "pool-a", "namespace": "team-a"},
+        "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]},
+    }))
+    .unwrap();
+    let r = resolve(Pools::Listed(std::slice::from_ref(&pool)));
+    let s = backend_status(
+        &b,
+        &verdicts(&r),
+        &r.snapshot,
+        &IndexView::default(),
+        &now(),
+    );
+    let c = condition(&s, POOL_RESOLVED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Resolved"));
+    assert_eq!(c.message, "InferencePool team-a/pool-a: 1 endpoint(s)");
+    let rows = s.index_participation.unwrap().replicas;
+    assert_eq!(rows[0].id, "p0");
+
+    // A backend without a pool reference gets no such condition.
+    let plain: CacheBackend = mk(
+        "CacheBackend",
+        "team-a",
+        "plain",
+        0,
+        json!({"engine": "vLLM", "modelID": "m2", "hashScheme": "s"}),
+    );
+    let r = resolve_with_pods(
+        &[],
+        std::slice::from_ref(&t),
+        std::slice::from_ref(&plain),
+        &[],
+    );
+    let s = backend_status(
+        &plain,
+        &verdicts(&r),
+        &r.snapshot,
+        &IndexView::default(),
+        &now(),
+    );
+    assert!(condition(&s, POOL_RESOLVED).is_none(), "{s:?}");
 }

@@ -104,6 +104,7 @@ async fn lists_and_watches_every_kind_in_all_namespaces() {
         "/api/v1/pods?",
         "/apis/inferencecache.io/v1alpha1/prompttemplates?",
         "/apis/inferencecache.io/v1alpha1/pdtopologies?",
+        "/apis/inference.networking.k8s.io/v1/inferencepools?",
     ] {
         let of_path: Vec<&str> = seen
             .iter()
@@ -324,4 +325,226 @@ async fn file_objects_are_resolved_with_the_cluster() {
     let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
     assert_eq!(snapshot.tenant("renamed").namespace, Some("team-f"));
     assert_eq!(snapshot.tenant("filed").namespace, None);
+}
+
+fn app_pod(ns: &str, name: &str, app: &str, ip: &str) -> Value {
+    let mut p = pod(ns, name, ip, true);
+    p["metadata"]["labels"] = json!({"app": app});
+    p
+}
+
+fn inference_pool(ns: &str, name: &str, app: &str, ports: &[i64], version: &str) -> Value {
+    let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
+    json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+           "metadata": {"name": name, "namespace": ns, "resourceVersion": version},
+           "spec": {"selector": {"matchLabels": {"app": app}}, "targetPorts": ports,
+                    "endpointPickerRef": {"name": "inferencecache", "port": {"number": 50051},
+                                          "failureMode": "FailClose"}},
+           "status": {"parents": []}})
+}
+
+fn pool_backend(ns: &str, pool: &str) -> Value {
+    obj(
+        "CacheBackend",
+        ns,
+        "pooled",
+        0,
+        json!({"engine": "vLLM", "modelID": "pm", "hashScheme": "s",
+               "inferencePoolRef": {"name": pool}, "kvEvents": {"port": 5557}}),
+    )
+}
+
+fn binding_of(o: &Observed, backend: &str) -> Option<crate::adapters::resolve::PoolBinding> {
+    o.verdicts
+        .pool_bindings
+        .iter()
+        .find(|b| b.backend == backend)
+        .cloned()
+}
+
+/// A backend referencing a pool gets the pool's ready pods (not the other
+/// pods of the namespace); the pool's selector and ports changing moves them.
+#[tokio::test]
+async fn a_pool_backend_follows_the_pools_selector_and_ports() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    scenario
+        .lists
+        .insert("cachebackends", vec![pool_backend("team-a", "llama")]);
+    scenario.lists.insert(
+        "pods",
+        vec![
+            app_pod("team-a", "vllm-0", "vllm", "10.0.0.1"),
+            app_pod("team-a", "sglang-0", "sglang", "10.0.0.2"),
+        ],
+    );
+    scenario.lists.insert(
+        "inferencepools",
+        vec![inference_pool("team-a", "llama", "vllm", &[8000], "1")],
+    );
+    scenario.events.insert(
+        "inferencepools",
+        vec![json!({"type": "MODIFIED",
+                     "object": inference_pool("team-a", "llama", "sglang", &[9000, 9001], "2")})],
+    );
+    let mut r = start(scenario);
+    let before = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(
+        replicas(&before),
+        [(
+            "vllm-0".to_string(),
+            "10.0.0.1:8000".to_string(),
+            Some("tcp://10.0.0.1:5557".to_string())
+        )]
+    );
+    let seen = r.observed.borrow().clone();
+    assert_eq!(binding_of(&seen, "pooled").unwrap().outcome, Ok(1));
+
+    r.server.release();
+    let after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(
+        replicas(&after),
+        [
+            (
+                "sglang-0-rank-0".to_string(),
+                "10.0.0.2:9000".to_string(),
+                Some("tcp://10.0.0.2:5557".to_string())
+            ),
+            (
+                "sglang-0-rank-1".to_string(),
+                "10.0.0.2:9001".to_string(),
+                Some("tcp://10.0.0.2:5558".to_string())
+            ),
+        ]
+    );
+}
+
+/// The referenced pool missing, then deleted: no replicas, and a binding (the
+/// backend's InferencePoolResolved condition) naming the pool.
+#[tokio::test]
+async fn a_missing_or_deleted_pool_leaves_no_replicas_and_names_the_pool() {
+    let mut scenario = Scenario::default();
+    scenario
+        .lists
+        .insert("cachetenants", vec![tenant("team-a", "t", 0, "acme")]);
+    let mut other = pool_backend("team-a", "absent");
+    other["metadata"]["name"] = json!("orphan");
+    other["spec"]["modelID"] = json!("om");
+    scenario.lists.insert(
+        "cachebackends",
+        vec![pool_backend("team-a", "llama"), other],
+    );
+    scenario.lists.insert(
+        "pods",
+        vec![app_pod("team-a", "vllm-0", "vllm", "10.0.0.1")],
+    );
+    let live = inference_pool("team-a", "llama", "vllm", &[8000], "1");
+    scenario.lists.insert("inferencepools", vec![live.clone()]);
+    scenario.events.insert(
+        "inferencepools",
+        vec![json!({"type": "DELETED", "object": live})],
+    );
+    let mut r = start(scenario);
+    let before = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(replicas(&before).len(), 1);
+    let seen = r.observed.borrow().clone();
+    let orphan = binding_of(&seen, "orphan").unwrap().outcome.unwrap_err();
+    assert_eq!(orphan.reason, "NotFound");
+    assert_eq!(orphan.message, "InferencePool team-a/absent not found");
+    // Its scope is still declared, with no replicas.
+    assert!(
+        before
+            .backends()
+            .iter()
+            .any(|b| b.name == "orphan" && b.replicas.is_empty())
+    );
+
+    r.server.release();
+    let after = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert!(replicas(&after).is_empty(), "{:?}", replicas(&after));
+    let seen = r.observed.borrow().clone();
+    let gone = binding_of(&seen, "pooled").unwrap().outcome.unwrap_err();
+    assert_eq!(gone.message, "InferencePool team-a/llama not found");
+}
+
+/// The GIE CRD not installed (every InferencePool request 404s): the policy is
+/// still installed, selector backends keep their pods, and a pool backend has
+/// no replicas with the reason (naming the CRD) on its binding.
+#[tokio::test]
+async fn without_the_inference_pool_crd_other_backends_keep_working() {
+    let mut scenario = Scenario::default();
+    scenario.missing.push("inferencepools");
+    scenario.lists.insert(
+        "cachetenants",
+        vec![
+            tenant("team-a", "t", 0, "acme"),
+            tenant("team-b", "t", 0, "beta"),
+        ],
+    );
+    scenario.lists.insert(
+        "cachebackends",
+        vec![selector_backend("team-a"), pool_backend("team-b", "llama")],
+    );
+    scenario.lists.insert(
+        "pods",
+        vec![
+            pod("team-a", "llama-0", "10.0.0.1", true),
+            app_pod("team-b", "vllm-0", "vllm", "10.0.1.1"),
+        ],
+    );
+    let mut r = start(scenario);
+    let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
+    assert_eq!(
+        replicas(&snapshot),
+        [(
+            "llama-0".to_string(),
+            "10.0.0.1:8000".to_string(),
+            Some("tcp://10.0.0.1:5557".to_string())
+        )]
+    );
+    let pooled = snapshot
+        .backends()
+        .iter()
+        .find(|b| b.name == "pooled")
+        .expect("the pool backend's scope is declared");
+    assert!(pooled.replicas.is_empty());
+    let seen = r.observed.borrow().clone();
+    let problem = binding_of(&seen, "pooled").unwrap().outcome.unwrap_err();
+    assert_eq!(problem.reason, "Unavailable");
+    assert!(
+        problem
+            .message
+            .contains("InferencePool team-b/llama cannot be read")
+            && problem.message.contains("CRD installed"),
+        "{}",
+        problem.message
+    );
+    // The 404 was the pools' LIST; nothing else was refused.
+    let seen = r.server.requests();
+    assert!(
+        seen.iter().any(|s| s
+            .uri
+            .starts_with("/apis/inference.networking.k8s.io/v1/inferencepools?")),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn trimmed_pods_keep_only_the_active_ports_annotation() {
+    let mut p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "annotations": {
+            "inference.networking.k8s.io/active-ports": "8000", "big/annotation": "x"}},
+        "spec": {"containers": [{"name": "engine", "image": "vllm"}]}}))
+    .unwrap();
+    trim_pod(&mut p);
+    let kept: Vec<&String> = p.metadata.annotations.as_ref().unwrap().keys().collect();
+    assert_eq!(kept, ["inference.networking.k8s.io/active-ports"]);
+    assert!(p.spec.is_none());
+    let mut bare = p.clone();
+    bare.metadata.annotations = Some([("other".to_string(), "y".to_string())].into());
+    trim_pod(&mut bare);
+    assert_eq!(bare.metadata.annotations, None);
 }
