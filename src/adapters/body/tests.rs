@@ -499,3 +499,31 @@ fn a_tokenizer_whose_split_depends_on_context_is_not_cached() {
         tok.encode_uncached(&text, true).unwrap()
     );
 }
+
+#[test]
+fn the_cache_counts_reach_metrics() {
+    let f = Fixture::new("segcache-metrics");
+    let loaded = f.load(&[("a", "be", "m", IC_CONTENT_V1, Some(&f.tok()))]);
+    let (mode, store) = f.mode(&loaded, 1 << 20);
+    let body = serde_json::json!({"model": "m", "prompt": format!("{} <|user|> w1", words(0..9))});
+    for _ in 0..3 {
+        mode.route_in(
+            &loaded.snapshot,
+            COMPLETIONS,
+            &no_headers(),
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+    }
+    let mut registry = prometheus_client::registry::Registry::with_prefix("inferencecache");
+    registry.register_collector(Box::new(store::CacheCollector(store.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    // Two pieces (the nine words, " w1"): a miss each, then four hits.
+    assert!(
+        text.contains("inferencecache_body_tokenizer_cache_lookups_total{result=\"hit\"} 4"),
+        "{text}"
+    );
+    assert!(text.contains("inferencecache_body_tokenizer_cache_lookups_total{result=\"miss\"} 2"));
+    assert!(text.contains("inferencecache_body_tokenizer_cache_bytes "));
+}
