@@ -773,8 +773,10 @@ async fn a_small_body_is_routed_inline_and_trailers_still_come_last() {
     let body = br#"{"model": "llama", "chain": [1]}"#.to_vec();
     assert!(body.len() < BLOCKING_ROUTE_BYTES);
     for body in [body, padded_body_json(BLOCKING_ROUTE_BYTES)] {
-        let mut trailers = ProcessingRequest::default();
-        trailers.request = Some(Message::RequestTrailers(Default::default()));
+        let trailers = ProcessingRequest {
+            request: Some(Message::RequestTrailers(Default::default())),
+            ..ProcessingRequest::default()
+        };
         let msgs = vec![
             Ok::<_, Status>(headers_msg(BodySendMode::FullDuplexStreamed, &[], None)),
             Ok(body_msg(&body, false)),
