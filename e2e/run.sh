@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source e2e/venv.sh
+# Rust tests on the real tokenizer files the venv's packages ship (ignored in a
+# plain `cargo test`, which runs before the venv exists).
+cargo test --quiet --test tokenizer_files -- --ignored
 cargo build --quiet --bin inferencecache --bin inferencecache-sim
 target_dir="${CARGO_TARGET_DIR:-target}"
 export INFERENCECACHE_BIN="${INFERENCECACHE_BIN:-$target_dir/debug/inferencecache}"

@@ -284,7 +284,9 @@ pub async fn run_until(
             (router, "kubernetes".to_string(), tasks)
         }
     };
-    let metrics = Arc::new(Metrics::new(router.clone(), status.clone()));
+    let mut metrics = Metrics::new(router.clone(), status.clone());
+    metrics.register_collector(Box::new(body::store::CacheCollector(tokenizers.clone())));
+    let metrics = Arc::new(metrics);
 
     // Everything that reads files is checked before anything listens.
     let tokens = args

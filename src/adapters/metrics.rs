@@ -251,6 +251,12 @@ impl Metrics {
         }
     }
 
+    /// Adds series read at scrape time from another part of the sidecar (e.g.
+    /// body mode's tokenizer caches), under the same `inferencecache_` prefix.
+    pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
+    }
+
     /// The label for `caller`: itself for the first [`MAX_CALLER_LABELS`] callers,
     /// `_other` after that.
     fn caller_label(&self, caller: &str) -> String {

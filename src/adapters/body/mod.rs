@@ -17,6 +17,7 @@
 //! Every failure is a [`BodyMiss`]: the request is served without a hint.
 
 pub mod request;
+pub mod segment_cache;
 pub mod store;
 pub mod template;
 pub mod tokenizer;

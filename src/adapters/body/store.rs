@@ -15,6 +15,13 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::segment_cache::CacheStats;
 use super::tokenizer::{CHAT_TEMPLATE_JINJA, ModelTokenizer, TOKENIZER_CONFIG, TOKENIZER_JSON};
 use crate::adapters::resolve::DEFAULT_NAMESPACE;
 use crate::crd::cache_backend::CacheBackend;
@@ -189,6 +196,57 @@ impl TokenizerStore {
                 () = self.changed.notified() => {}
             }
         }
+    }
+}
+
+impl TokenizerStore {
+    /// The segment caches of every loaded tokenizer, added up (tokenizers whose
+    /// files do not allow an exact cache count nothing).
+    pub fn cache_stats(&self) -> CacheStats {
+        let state = self.state.read();
+        let mut total = CacheStats::default();
+        for s in state
+            .dirs
+            .values()
+            .filter_map(|e| e.loaded.as_ref().ok()?.cache_stats().ok())
+        {
+            total.hits += s.hits;
+            total.misses += s.misses;
+            total.entries += s.entries;
+            total.bytes += s.bytes;
+        }
+        total
+    }
+}
+
+/// `/metrics`: the tokenizers' segment caches (read at scrape time).
+#[derive(Debug)]
+pub struct CacheCollector(pub Arc<TokenizerStore>);
+
+impl Collector for CacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+        struct ResultLabels {
+            result: &'static str,
+        }
+        let s = self.0.cache_stats();
+        let mut family = encoder.encode_descriptor(
+            "body_tokenizer_cache_lookups",
+            "Body mode's tokenizer segment-cache lookups (text between special tokens), by result",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("hit", s.hits), ("miss", s.misses)] {
+            ConstCounter::new(n).encode(family.encode_family(&ResultLabels { result })?)?;
+        }
+        let family = encoder.encode_descriptor(
+            "body_tokenizer_cache_bytes",
+            "Bytes held by body mode's tokenizer segment caches (text, ids, overhead)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.bytes as i64).encode(family)?;
+        Ok(())
     }
 }
 

@@ -461,6 +461,73 @@ fn a_backend_not_loaded_yet_is_loading_not_an_error() {
     ));
 }
 
+#[test]
+fn repeated_segments_come_from_the_cache_with_the_same_ids() {
+    let f = Fixture::new("segcache");
+    let tok = tokenizer::ModelTokenizer::load(&f.tok()).unwrap();
+    assert_eq!(tok.cache_stats().unwrap().misses, 0);
+    let text = format!(
+        "<s>{} <|user|> {} <|assistant|>",
+        words(0..40),
+        words(40..45)
+    );
+    for special in [false, true] {
+        let want = tok.encode_uncached(&text, special).unwrap();
+        assert_eq!(tok.encode(&text, special).unwrap(), want);
+        assert_eq!(tok.encode(&text, special).unwrap(), want);
+    }
+    // BOS from the post-processor, once, ahead of the template's own <s>.
+    assert_eq!(tok.encode(&text, true).unwrap()[..2], [0, 0]);
+    let s = tok.cache_stats().unwrap();
+    // Two pieces between the added tokens (the words before <|user|> and the
+    // words before <|assistant|>), five encodes: one miss each, then hits.
+    assert_eq!((s.misses, s.hits, s.entries), (2, 8, 2));
+}
+
+#[test]
+fn a_tokenizer_whose_split_depends_on_context_is_not_cached() {
+    let f = Fixture::new("segcache-off");
+    let mut json: serde_json::Value = serde_json::from_str(&tokenizer_json()).unwrap();
+    json["added_tokens"][1]["normalized"] = true.into();
+    std::fs::write(f.tok().join("tokenizer.json"), json.to_string()).unwrap();
+    let tok = tokenizer::ModelTokenizer::load(&f.tok()).unwrap();
+    let why = tok.cache_stats().unwrap_err();
+    assert!(why.contains("<|user|>"), "{why}");
+    let text = format!("{} <|user|> {}", words(0..3), words(3..5));
+    assert_eq!(
+        tok.encode(&text, true).unwrap(),
+        tok.encode_uncached(&text, true).unwrap()
+    );
+}
+
+#[test]
+fn the_cache_counts_reach_metrics() {
+    let f = Fixture::new("segcache-metrics");
+    let loaded = f.load(&[("a", "be", "m", IC_CONTENT_V1, Some(&f.tok()))]);
+    let (mode, store) = f.mode(&loaded, 1 << 20);
+    let body = serde_json::json!({"model": "m", "prompt": format!("{} <|user|> w1", words(0..9))});
+    for _ in 0..3 {
+        mode.route_in(
+            &loaded.snapshot,
+            COMPLETIONS,
+            &no_headers(),
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+    }
+    let mut registry = prometheus_client::registry::Registry::with_prefix("inferencecache");
+    registry.register_collector(Box::new(store::CacheCollector(store.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    // Two pieces (the nine words, " w1"): a miss each, then four hits.
+    assert!(
+        text.contains("inferencecache_body_tokenizer_cache_lookups_total{result=\"hit\"} 4"),
+        "{text}"
+    );
+    assert!(text.contains("inferencecache_body_tokenizer_cache_lookups_total{result=\"miss\"} 2"));
+    assert!(text.contains("inferencecache_body_tokenizer_cache_bytes "));
+}
+
 /// One backend in namespace a (tenant ta) with `spec` as its spec's extra fields.
 fn load_one(f: &Fixture, scheme: &str, extra: &str) -> Loaded {
     let yaml = format!(

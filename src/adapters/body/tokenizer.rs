@@ -12,12 +12,22 @@
 //!
 //! Pure and synchronous, so the simulated engine and `inferencecache tokenize`
 //! use the same code as the sidecar.
+//!
+//! Encoding goes through a [`SegmentCache`] when that is exact for the files
+//! (see [`cache_exactness`]): `tokenizers` splits the input on the added tokens
+//! that are matched before normalization (`AddedVocabulary::extract_and_normalize`,
+//! step 1) and normalizes, pre-tokenizes and runs the model on each piece between
+//! them separately, so the ids of a text are the concatenation of its pieces' ids
+//! and the added tokens' ids, followed by the post-processor (BOS). We split with
+//! the tokenizer's own `extract_and_normalize` (no normalizer: step 1 only), so
+//! the split is the library's, and look each piece up.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
 use super::request::{Chat, Prompt};
+use super::segment_cache::{CacheStats, DEFAULT_CACHE_BYTES, SegmentCache};
 use super::template::ChatTemplate;
 
 pub const TOKENIZER_JSON: &str = "tokenizer.json";
@@ -42,6 +52,8 @@ pub struct ModelTokenizer {
     default_template: Option<ChatTemplate>,
     /// A config's named `tool_use` template, used when a request has tools.
     tool_template: Option<ChatTemplate>,
+    /// `Ok`: segments are cached; `Err`: why caching would not be exact.
+    segments: Result<SegmentCache, String>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -49,6 +61,10 @@ impl std::fmt::Debug for ModelTokenizer {
         f.debug_struct("ModelTokenizer")
             .field("dir", &self.dir)
             .field("chat_template", &self.default_template.is_some())
+            .field(
+                "segment_cache",
+                &self.segments.as_ref().map(SegmentCache::stats),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -98,12 +114,22 @@ impl ModelTokenizer {
                 .transpose()
                 .map_err(|e| format!("{}: {what}: {e}", dir.display()))
         };
+        let segments = cache_exactness(&tokenizer).map(|()| SegmentCache::new(DEFAULT_CACHE_BYTES));
         Ok(Self {
             dir: dir.to_path_buf(),
             tokenizer,
             default_template: compile(default_source, "chat template")?,
             tool_template: compile(tool_source, "tool_use chat template")?,
+            segments,
         })
+    }
+
+    /// The segment cache's counts, or why these files are not cached.
+    pub fn cache_stats(&self) -> Result<CacheStats, &str> {
+        self.segments
+            .as_ref()
+            .map(SegmentCache::stats)
+            .map_err(String::as_str)
     }
 
     pub fn dir(&self) -> &Path {
@@ -114,12 +140,67 @@ impl ModelTokenizer {
         self.default_template.is_some()
     }
 
-    /// Token ids of `text`.
+    /// Token ids of `text` (through the segment cache when it is exact).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
+        match &self.segments {
+            Ok(cache) => self.encode_segments(cache, text, add_special_tokens),
+            Err(_) => self.encode_uncached(text, add_special_tokens),
+        }
+    }
+
+    /// Token ids of `text` straight from the tokenizer (what [`encode`](Self::encode)
+    /// must equal; tests and benches compare the two).
+    pub fn encode_uncached(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, PromptError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| PromptError::Encode(e.to_string()))
+    }
+
+    /// The library's split on added tokens, each piece between them from the
+    /// cache, then the post-processor on the whole.
+    fn encode_segments(
+        &self,
+        cache: &SegmentCache,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, PromptError> {
+        use tokenizers::{NormalizerWrapper, OffsetReferential, OffsetType};
+        let encode_err = |e: tokenizers::Error| PromptError::Encode(e.to_string());
+        let split = self
+            .tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize::<NormalizerWrapper>(None, text);
+        let mut ids = Vec::new();
+        for (piece, _, tokens) in split.get_splits(OffsetReferential::Original, OffsetType::None) {
+            match tokens {
+                Some(added) => ids.extend(added.iter().map(|t| t.id)),
+                None if piece.is_empty() => {}
+                None => ids.extend_from_slice(&cache.get_or_encode(piece, |p| {
+                    self.tokenizer
+                        .encode_fast(p, false)
+                        .map(|e| e.get_ids().to_vec())
+                        .map_err(encode_err)
+                })?),
+            }
+        }
+        if !add_special_tokens {
+            return Ok(ids);
+        }
+        // The post-processor reads ids only (offsets are not asked for): e.g.
+        // TemplateProcessing puts BOS first, ByteLevel leaves ids alone.
+        let tokens = ids
+            .into_iter()
+            .map(|id| tokenizers::Token::new(id, String::new(), (0, 0)))
+            .collect();
+        self.tokenizer
+            .post_process(tokenizers::Encoding::from_tokens(tokens, 0), None, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(encode_err)
     }
 
     /// The rendered chat prompt (text).
@@ -150,6 +231,40 @@ impl ModelTokenizer {
             }
         }
     }
+}
+
+/// Whether the segment cache gives exactly the tokenizer's ids, and if not why.
+/// The split on added tokens is the library's own; what could still differ is a
+/// piece tokenized alone versus inside the whole text:
+/// - an added token matched after normalization (`normalized: true`) or only as
+///   a whole word (`single_word`): its match depends on the text around a piece;
+/// - a Metaspace pre-tokenizer with `prepend_scheme: first`, which looks at the
+///   piece's position in the whole text;
+/// - BPE dropout (random), truncation or padding (whole-sequence steps).
+pub fn cache_exactness(tokenizer: &tokenizers::Tokenizer) -> Result<(), String> {
+    if let Some(t) = tokenizer
+        .get_added_tokens_decoder()
+        .values()
+        .find(|t| t.normalized || t.single_word)
+    {
+        return Err(format!(
+            "added token {:?} is normalized or single_word",
+            t.content
+        ));
+    }
+    let pre = serde_json::to_string(&tokenizer.get_pre_tokenizer()).unwrap_or_default();
+    if pre.contains(r#""prepend_scheme":"first""#) {
+        return Err("Metaspace pre-tokenizer with prepend_scheme first".into());
+    }
+    if let tokenizers::ModelWrapper::BPE(bpe) = tokenizer.get_model()
+        && bpe.dropout.is_some()
+    {
+        return Err("BPE dropout".into());
+    }
+    if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() {
+        return Err("truncation or padding configured".into());
+    }
+    Ok(())
 }
 
 /// `bos_token` etc. from the config: a string, or an AddedToken `{"content": …}`.

@@ -22,6 +22,10 @@
 //!   an empty "continue" and the decision rides on the body reply (Envoy still
 //!   holds the headers then and applies its mutation).
 //!
+//! Routing a body (tokenizing up to a million tokens: ~0.1 s for 32k) runs on
+//! tokio's blocking pool once the body is over [`BLOCKING_ROUTE_BYTES`], so the
+//! async workers keep serving the other streams meanwhile.
+//!
 //! The gateway's endpoint subset (filter metadata, see `subset`) narrows the pick.
 //! What to echo on the response headers for a debugging client is kept across the
 //! stream; a message with nothing in it gets no reply, and the stream never fails
@@ -165,11 +169,9 @@ impl ExtProc {
             Message::RequestBody(b) => return self.request_body(b, stream, out),
             Message::RequestTrailers(_) => {
                 if let Some(held) = stream.held.take() {
-                    // The trailers say the body is complete (no end_of_stream on it).
-                    self.decide_held(held, false, None, stream, out);
-                    if stream.closed {
-                        return;
-                    }
+                    // The trailers say the body is complete (no end_of_stream on it);
+                    // their reply follows the body's.
+                    return self.held_ready(held, false, None, true, stream, out);
                 }
                 Reply::RequestTrailers(TrailersResponse::default())
             }
@@ -264,18 +266,19 @@ impl ExtProc {
             let too_large = b.body.len() > limit;
             held.body = b.body;
             let miss = too_large.then_some(BodyMiss::TooLarge { limit });
-            self.decide_held(held, b.end_of_stream, miss, stream, out);
+            self.held_ready(held, b.end_of_stream, miss, false, stream, out);
             return;
         }
         match held.collect(b.body, b.end_of_stream) {
             Collect::More => stream.held = Some(held),
-            Collect::Complete => self.decide_held(held, b.end_of_stream, None, stream, out),
+            Collect::Complete => self.held_ready(held, b.end_of_stream, None, false, stream, out),
             Collect::TooLarge => {
                 let limit = held.limit;
-                self.decide_held(
+                self.held_ready(
                     held,
                     b.end_of_stream,
                     Some(BodyMiss::TooLarge { limit }),
+                    false,
                     stream,
                     out,
                 );
@@ -283,30 +286,67 @@ impl ExtProc {
         }
     }
 
-    /// Decides a held request and sends the replies its body mode needs: in
-    /// FULL_DUPLEX_STREAMED the headers reply and then the body, unchanged; in
-    /// BUFFERED the body reply carrying the decision. `miss` set: the body was
-    /// not (fully) read, decide on the headers alone.
-    fn decide_held(
+    /// A held request is ready for its decision: decide now, or, when the stream
+    /// runs on the async workers ([`StreamState::offload`]) and the body is large,
+    /// leave it in [`StreamState::deferred`] for the stream loop to route on the
+    /// blocking pool and finish with [`finish_held`](Self::finish_held).
+    fn held_ready(
         &self,
         held: Box<HeldRequest>,
         end_of_stream: bool,
         miss: Option<BodyMiss>,
+        trailers: bool,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
+        if stream.offload
+            && miss.is_none()
+            && self.body_router.is_some()
+            && held.body.len() >= BLOCKING_ROUTE_BYTES
+        {
+            stream.deferred = Some(Deferred {
+                held,
+                end_of_stream,
+                trailers,
+            });
+            return;
+        }
+        let routed = self.route_held(&held, miss);
+        self.finish_held(held, end_of_stream, routed, trailers, stream, out);
+    }
+
+    /// The body's routing fields, or why there are none (`miss`: known already).
+    fn route_held(
+        &self,
+        held: &HeldRequest,
+        miss: Option<BodyMiss>,
+    ) -> Result<headers::RoutingFields, BodyMiss> {
+        match (miss, self.body_router.as_ref()) {
+            (None, Some(r)) => r.route(&held.path, &held.parsed.fields, &held.body),
+            (Some(m), _) => Err(m),
+            (None, None) => Err(BodyMiss::NotOpenAi("no body router".into())),
+        }
+    }
+
+    /// Decides a held request on `routed` and sends the replies its body mode
+    /// needs: in FULL_DUPLEX_STREAMED the headers reply and then the body,
+    /// unchanged; in BUFFERED the body reply carrying the decision. `trailers`:
+    /// the request trailers completed the body, their reply comes last.
+    fn finish_held(
+        &self,
+        held: Box<HeldRequest>,
+        end_of_stream: bool,
+        routed: Result<headers::RoutingFields, BodyMiss>,
+        trailers: bool,
         stream: &mut StreamState,
         out: &mut Vec<ProcessingResponse>,
     ) {
         let HeldRequest {
-            path,
             parsed,
             subset,
             body,
             ..
         } = *held;
-        let routed = match (&miss, self.body_router.as_ref()) {
-            (None, Some(r)) => r.route(&path, &parsed.fields, &body),
-            (Some(m), _) => Err(m.clone()),
-            (None, None) => Err(BodyMiss::NotOpenAi("no body router".into())),
-        };
         let (body_parsed, body_miss) = match routed {
             Ok(fields) => (
                 RoutingHeaders {
@@ -328,19 +368,21 @@ impl ExtProc {
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         if !fdx {
             out.push(self.decide(&input, stream, false, Placement::Body));
-            return;
+        } else {
+            out.push(self.decide(&input, stream, false, Placement::Headers));
+            if !stream.closed {
+                let parts = held::chunks(body);
+                let last = parts.len() - 1;
+                for (i, part) in parts.into_iter().enumerate() {
+                    let eos = end_of_stream && i == last;
+                    out.push(reply_of(Reply::RequestBody(streamed_body(part, eos))));
+                }
+            }
         }
-        let reply = self.decide(&input, stream, false, Placement::Headers);
-        if stream.closed {
-            out.push(reply);
-            return;
-        }
-        out.push(reply);
-        let parts = held::chunks(body);
-        let last = parts.len() - 1;
-        for (i, part) in parts.into_iter().enumerate() {
-            let eos = end_of_stream && i == last;
-            out.push(reply_of(Reply::RequestBody(streamed_body(part, eos))));
+        if trailers && !stream.closed {
+            out.push(reply_of(
+                Reply::RequestTrailers(TrailersResponse::default()),
+            ));
         }
     }
 
@@ -438,6 +480,18 @@ type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>>
 /// arriving: a lost stream must never inflate a replica's load for good.
 pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
 
+/// Bodies of at least this many bytes (about 200 tokens, ~0.5 ms to tokenize
+/// cold) are routed on the blocking pool; smaller ones cost less than the hop.
+pub const BLOCKING_ROUTE_BYTES: usize = 1024;
+
+/// A held request whose body is complete, waiting to be routed off the async
+/// workers (see [`ExtProc::held_ready`]).
+struct Deferred {
+    held: Box<HeldRequest>,
+    end_of_stream: bool,
+    trailers: bool,
+}
+
 /// Which reply carries a decision: the request headers' (headers-only and
 /// FULL_DUPLEX_STREAMED) or the body's (BUFFERED).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -454,6 +508,11 @@ struct StreamState {
     response_body_mode: Option<BodySendMode>,
     /// A request waiting for its body before the decision.
     held: Option<Box<HeldRequest>>,
+    /// Large bodies are routed on the blocking pool (set by the stream loop;
+    /// off in the synchronous tests).
+    offload: bool,
+    /// A complete body to route off the async workers, then finish.
+    deferred: Option<Deferred>,
     /// An immediate response was sent: nothing more is answered.
     closed: bool,
     echo: Vec<HeaderValueOption>,
@@ -483,34 +542,82 @@ impl ExternalProcessor for ExtProc {
             _guard: self.drain.stream(),
             metrics: self.metrics.clone(),
         };
-        let inbound = request.into_inner();
-        let state = (
-            inbound,
+        let state = StreamState {
+            _open: Some(open),
+            ..StreamState::default()
+        };
+        Ok(Response::new(Box::pin(replies(
             self.clone(),
-            StreamState {
-                _open: Some(open),
-                ..StreamState::default()
-            },
-        );
-        let replies = futures::stream::unfold(state, |(mut inbound, this, mut st)| async move {
-            let mut out = Vec::new();
-            loop {
-                // A reset or closed stream just ends ours (and drops its in-flight
-                // count and any held body with the state): Envoy has moved on.
-                let msg = next_message(&mut st, &mut inbound).await?;
-                let had = st.inflight.is_some();
-                this.answer_into(msg, &mut st, &mut out);
-                if !had && st.inflight.is_some() {
-                    st.admitted_at = Some(tokio::time::Instant::now());
-                }
-                if !out.is_empty() {
-                    let batch = futures::stream::iter(out.into_iter().map(Ok));
-                    return Some((batch, (inbound, this, st)));
-                }
+            request.into_inner(),
+            state,
+        ))))
+    }
+}
+
+/// The replies of one stream, in order: each message answered, a large body
+/// routed on the blocking pool in between.
+fn replies<S, E>(
+    this: ExtProc,
+    inbound: S,
+    state: StreamState,
+) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static
+where
+    S: Stream<Item = Result<ProcessingRequest, E>> + Unpin + Send + 'static,
+{
+    let state = (
+        inbound,
+        this,
+        StreamState {
+            offload: true,
+            ..state
+        },
+    );
+    futures::stream::unfold(state, |(mut inbound, this, mut st)| async move {
+        let mut out = Vec::new();
+        loop {
+            // A reset or closed stream just ends ours (and drops its in-flight
+            // count and any held body with the state): Envoy has moved on.
+            let msg = next_message(&mut st, &mut inbound).await?;
+            let had = st.inflight.is_some();
+            this.answer_into(msg, &mut st, &mut out);
+            if let Some(d) = st.deferred.take() {
+                let (held, routed) = this.route_blocking(d.held).await?;
+                this.finish_held(held, d.end_of_stream, routed, d.trailers, &mut st, &mut out);
             }
+            if !had && st.inflight.is_some() {
+                st.admitted_at = Some(tokio::time::Instant::now());
+            }
+            if !out.is_empty() {
+                let batch = futures::stream::iter(out.into_iter().map(Ok));
+                return Some((batch, (inbound, this, st)));
+            }
+        }
+    })
+    .flatten()
+}
+
+impl ExtProc {
+    /// Routes a held body on the blocking pool and hands it back with the result.
+    /// `None` if routing panicked (as on the async worker, the stream ends and
+    /// Envoy's `failure_mode_allow` serves the request unrouted) or the runtime
+    /// is shutting down.
+    async fn route_blocking(
+        &self,
+        held: Box<HeldRequest>,
+    ) -> Option<(Box<HeldRequest>, Result<headers::RoutingFields, BodyMiss>)> {
+        let this = self.clone();
+        match tokio::task::spawn_blocking(move || {
+            let routed = this.route_held(&held, None);
+            (held, routed)
         })
-        .flatten();
-        Ok(Response::new(Box::pin(replies)))
+        .await
+        {
+            Ok(done) => Some(done),
+            Err(e) => {
+                tracing::error!(error = %e, "body routing failed; the stream ends");
+                None
+            }
+        }
     }
 }
 

@@ -66,6 +66,17 @@ fn body_json() -> Vec<u8> {
     .into_bytes()
 }
 
+/// [`body_json`] padded to at least `len` bytes.
+fn padded_body_json(len: usize) -> Vec<u8> {
+    let chain: Vec<String> = CHAIN.iter().map(u64::to_string).collect();
+    format!(
+        "{{\"model\": \"llama\", \"chain\": [{}], \"pad\": \"{}\"}}",
+        chain.join(","),
+        "x".repeat(len)
+    )
+    .into_bytes()
+}
+
 fn protocol(mode: BodySendMode) -> ProtocolConfiguration {
     ProtocolConfiguration {
         request_body_mode: mode as i32,
@@ -671,4 +682,119 @@ async fn the_stream_sends_every_reply_in_order() {
     }
     assert!(matches!(out[0].response, Some(Reply::RequestHeaders(_))));
     assert_eq!(streamed(&out[1..]).concat_bytes(), body);
+}
+
+/// Test double whose routing blocks its thread until released (or 5 s pass,
+/// then it gives no chain): run on the async worker, it would stall every
+/// stream of a one-thread runtime.
+struct BlockingDouble {
+    started: parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    release: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl BodyRouter for BlockingDouble {
+    fn wants_body(&self, path: &str, headers: &RoutingFields) -> bool {
+        JsonChainDouble { limit: 0 }.wants_body(path, headers)
+    }
+    fn max_body_bytes(&self) -> usize {
+        1 << 20
+    }
+    fn route(
+        &self,
+        path: &str,
+        headers: &RoutingFields,
+        body: &[u8],
+    ) -> Result<RoutingFields, BodyMiss> {
+        if let Some(s) = self.started.lock().take() {
+            let _ = s.send(());
+        }
+        self.release
+            .lock()
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .map_err(|_| {
+                BodyMiss::NotOpenAi("never released: routed on the async worker".into())
+            })?;
+        JsonChainDouble { limit: 1 << 20 }.route(path, headers, body)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_body_is_routed_off_the_async_worker_while_other_streams_are_served() {
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let svc = mk_service(ExtProcConfig::default()).with_body_router(Arc::new(BlockingDouble {
+        started: parking_lot::Mutex::new(Some(started_tx)),
+        release: parking_lot::Mutex::new(release_rx),
+    }));
+    let body = padded_body_json(BLOCKING_ROUTE_BYTES);
+    let large = vec![
+        Ok::<_, Status>(headers_msg(BodySendMode::FullDuplexStreamed, &[], None)),
+        Ok(body_msg(&body, true)),
+    ];
+    let a = tokio::spawn(
+        replies(
+            svc.clone(),
+            futures::stream::iter(large),
+            StreamState::default(),
+        )
+        .collect::<Vec<_>>(),
+    );
+    started_rx.await.unwrap();
+    // Stream A is inside its body routing; on this one-thread runtime stream B
+    // is answered only if that routing is not holding the thread.
+    let h = chain_headers(&[]);
+    let pairs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b: Vec<_> = replies(
+        svc.clone(),
+        futures::stream::iter(vec![Ok::<_, Status>(mk_request(&pairs))]),
+        StreamState::default(),
+    )
+    .collect()
+    .await;
+    assert_eq!(b.len(), 1);
+    assert!(matches!(
+        b[0].as_ref().unwrap().response,
+        Some(Reply::RequestHeaders(_))
+    ));
+    release_tx.send(()).unwrap();
+    let a: Vec<ProcessingResponse> = a.await.unwrap().into_iter().map(Result::unwrap).collect();
+    let c = common(&a[0]);
+    assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
+    assert_eq!(
+        set_value(c, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8001")
+    );
+    assert_eq!(streamed(&a[1..]).concat_bytes(), body);
+}
+
+#[tokio::test]
+async fn a_small_body_is_routed_inline_and_trailers_still_come_last() {
+    let svc = body_service(1 << 20);
+    let body = br#"{"model": "llama", "chain": [1]}"#.to_vec();
+    assert!(body.len() < BLOCKING_ROUTE_BYTES);
+    for body in [body, padded_body_json(BLOCKING_ROUTE_BYTES)] {
+        let trailers = ProcessingRequest {
+            request: Some(Message::RequestTrailers(Default::default())),
+            ..ProcessingRequest::default()
+        };
+        let msgs = vec![
+            Ok::<_, Status>(headers_msg(BodySendMode::FullDuplexStreamed, &[], None)),
+            Ok(body_msg(&body, false)),
+            Ok(trailers),
+        ];
+        let out: Vec<ProcessingResponse> = replies(
+            svc.clone(),
+            futures::stream::iter(msgs),
+            StreamState::default(),
+        )
+        .map(Result::unwrap)
+        .collect()
+        .await;
+        assert!(matches!(out[0].response, Some(Reply::RequestHeaders(_))));
+        assert_eq!(streamed(&out[1..out.len() - 1]).concat_bytes(), body);
+        assert!(matches!(
+            out.last().unwrap().response,
+            Some(Reply::RequestTrailers(_))
+        ));
+    }
 }
