@@ -212,14 +212,17 @@ impl Rig {
             .collect();
         let base = self.metrics.batches();
         let start = Instant::now();
+        // Waits sleep rather than spin: on a small machine a spinning publisher
+        // takes the CPU the subscriber is being measured on. IN_FLIGHT batches
+        // are several milliseconds of work, more than one timer tick.
         for (i, p) in payloads.into_iter().enumerate() {
             while i as u64 - (self.metrics.batches() - base) > IN_FLIGHT {
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_micros(200)).await;
             }
             self.send(p).await;
         }
         while self.metrics.batches() - base < batches as u64 {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_micros(200)).await;
         }
         let secs = start.elapsed().as_secs_f64();
         assert_eq!(self.metrics.gaps(), 0, "batches were lost on the wire");

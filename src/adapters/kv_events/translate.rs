@@ -45,6 +45,10 @@
 
 use std::collections::HashMap;
 
+/// The maps' hasher: a lookup or two per block, so the default SipHash is a cost
+/// worth avoiding; foldhash is still seeded at random per process.
+type Hasher = foldhash::fast::RandomState;
+
 use smallvec::SmallVec;
 
 use crate::adapters::kv_events::decode::{EngineEvent, StoredIdentity};
@@ -70,7 +74,7 @@ pub struct ReplicaChains {
     /// `ic-content-v1` or `-v2` (own chain); `None`: pass through.
     content: Option<Scheme>,
     /// engine hash → its own values (positions), least recently stored first.
-    own: HashMap<u64, SmallVec<[Position; 1]>>,
+    own: HashMap<u64, SmallVec<[Position; 1]>, Hasher>,
     /// Positions over all engine hashes.
     positions: usize,
     max_mappings: usize,
@@ -78,7 +82,7 @@ pub struct ReplicaChains {
     /// generation first; a generation fills to [`RETIRED_GENERATION`] and then
     /// replaces the older one, so an offload right after its GPU removal still
     /// resolves.
-    retired: [HashMap<u64, (u64, u64)>; 2],
+    retired: [HashMap<u64, (u64, u64), Hasher>; 2],
 }
 
 /// Retired mappings kept per generation.
@@ -106,7 +110,7 @@ impl ReplicaChains {
         Self {
             content: Scheme::from_name(hash_scheme)
                 .filter(|s| matches!(s, Scheme::ContentV1 | Scheme::ContentV2)),
-            own: HashMap::new(),
+            own: HashMap::default(),
             positions: 0,
             max_mappings,
             retired: Default::default(),
@@ -121,7 +125,7 @@ impl ReplicaChains {
 
     /// Forgets everything (the replica was cleared or restarted).
     pub fn reset(&mut self) {
-        self.own = HashMap::new();
+        self.own = HashMap::default();
         self.positions = 0;
         self.retired = Default::default();
     }

@@ -1,5 +1,7 @@
 use rmpv::Value;
 
+use super::reference;
+
 use super::*;
 
 fn s(x: &str) -> Value {
@@ -527,4 +529,243 @@ fn malformed_identity_fields_are_errors() {
     // The later key wins in the decoder's map walk: a non-string name is an error.
     let err = one_event(Value::Map(m)).unwrap_err().to_string();
     assert!(err.contains("lora_name is not a string"), "{err}");
+}
+
+/// Errors compared by kind and text, except msgpack errors, whose text names the
+/// reader that found them.
+fn comparable(r: Result<EngineBatch, DecodeError>) -> Result<EngineBatch, DecodeError> {
+    r.map_err(|e| match e {
+        DecodeError::Msgpack(_) => DecodeError::Msgpack(String::new()),
+        e => e,
+    })
+}
+
+fn agree(raw: &[u8]) {
+    assert_eq!(
+        comparable(decode_batch(raw)),
+        comparable(reference::decode_batch(raw)),
+        "payload {raw:02x?}"
+    );
+}
+
+#[test]
+fn the_typed_decoder_agrees_with_the_value_tree_decoder_on_every_mutation_of_the_seeds() {
+    // Every cut, and every byte of every seed replaced by markers that change a
+    // value's kind or length: results and errors (and their order) as before.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/kv_payload");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let good = std::fs::read(entry.unwrap().path()).unwrap();
+        agree(&good);
+        for cut in 0..good.len() {
+            agree(&good[..cut]);
+        }
+        for at in 0..good.len() {
+            for b in [
+                0x00, 0x01, 0x7f, 0x80, 0x81, 0x90, 0x91, 0x93, 0xa0, 0xa3, 0xc0, 0xc1, 0xc2, 0xc4,
+                0xca, 0xcb, 0xcc, 0xce, 0xcf, 0xd0, 0xd3, 0xd4, 0xdc, 0xde, 0xff,
+            ] {
+                let mut bad = good.clone();
+                bad[at] = b;
+                agree(&bad);
+            }
+        }
+        let mut longer = good.clone();
+        longer.push(0xc0);
+        agree(&longer);
+    }
+}
+
+mod agreement {
+    use proptest::prelude::*;
+    use rmpv::Value;
+
+    use super::{agree, bytes};
+
+    const WORDS: &[&str] = &[
+        "BlockStored",
+        "BlockRemoved",
+        "AllBlocksCleared",
+        "Other",
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "cache_salt",
+        "ts",
+        "events",
+        "data_parallel_rank",
+        "GPU",
+        "CPU",
+        "",
+        "sql-adapter",
+        "salt",
+    ];
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Nil),
+            any::<bool>().prop_map(Value::from),
+            (0u64..20).prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (1u64 << 31..1 << 33).prop_map(Value::from),
+            any::<f64>().prop_map(Value::F64),
+            any::<f32>().prop_map(Value::F32),
+            proptest::sample::select(WORDS).prop_map(Value::from),
+            proptest::collection::vec(any::<u8>(), 0..10).prop_map(Value::Binary),
+            // A string that is not UTF-8.
+            Just(rmpv::decode::read_value(&mut &[0xa2u8, 0xff, 0xfe][..]).unwrap()),
+            Just(Value::Ext(1, vec![1, 2])),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(4, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec(
+                    (
+                        proptest::sample::select(WORDS).prop_map(Value::from),
+                        inner.clone()
+                    ),
+                    0..6
+                )
+                .prop_map(Value::Map),
+            ]
+        })
+    }
+
+    /// A small token or hash array, sometimes with a wrong item.
+    fn ints() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => proptest::collection::vec(0u64..200_000, 0..9)
+                .prop_map(|v| Value::Array(v.into_iter().map(Value::from).collect())),
+            1 => proptest::collection::vec(leaf(), 0..5).prop_map(Value::Array),
+            1 => leaf(),
+        ]
+    }
+
+    /// One slot: mostly a plausible value, sometimes anything.
+    fn slot(plausible: impl Strategy<Value = Value> + 'static) -> BoxedStrategy<Value> {
+        prop_oneof![3 => plausible, 1 => value()].boxed()
+    }
+
+    fn extra_keys() -> BoxedStrategy<Value> {
+        let key = prop_oneof![
+            proptest::sample::select(WORDS).prop_map(Value::from),
+            ("[a-c]{1,3}", -3i64..300)
+                .prop_map(|(id, off)| Value::Array(vec![Value::from(id), Value::from(off)])),
+            proptest::collection::vec(any::<u8>(), 1..4).prop_map(Value::Binary),
+            leaf(),
+        ];
+        let entry = prop_oneof![
+            Just(Value::Nil),
+            proptest::collection::vec(key, 0..4).prop_map(Value::Array),
+        ];
+        slot(proptest::collection::vec(entry, 0..4).prop_map(Value::Array))
+    }
+
+    fn event() -> impl Strategy<Value = Value> {
+        let tag = slot(proptest::sample::select(&WORDS[..4]).prop_map(Value::from));
+        let fields = (
+            tag,
+            slot(ints()),
+            slot(prop_oneof![
+                Just(Value::Nil),
+                (0u64..9).prop_map(Value::from)
+            ]),
+            slot(ints()),
+            slot((0u64..5).prop_map(Value::from)),
+            slot(prop_oneof![
+                Just(Value::Nil),
+                (0i64..3).prop_map(Value::from)
+            ]),
+            slot(proptest::sample::select(&WORDS[17..20]).prop_map(Value::from)),
+            slot(proptest::sample::select(&WORDS[19..]).prop_map(Value::from)),
+            extra_keys(),
+            0usize..11,
+            any::<bool>(),
+        );
+        fields.prop_map(|(tag, h, p, t, bs, lid, med, lname, extra, len, as_map)| {
+            let names = [
+                "type",
+                "block_hashes",
+                "parent_block_hash",
+                "token_ids",
+                "block_size",
+                "lora_id",
+                "medium",
+                "lora_name",
+                "extra_keys",
+                "cache_salt",
+            ];
+            let salt = lname.clone();
+            let slots = vec![tag, h, p, t, bs, lid, med, lname, extra, salt];
+            if as_map {
+                Value::Map(
+                    names
+                        .iter()
+                        .zip(slots)
+                        .take(len)
+                        .map(|(k, v)| (Value::from(*k), v))
+                        .collect(),
+                )
+            } else {
+                Value::Array(slots.into_iter().take(len).collect())
+            }
+        })
+    }
+
+    fn batch() -> impl Strategy<Value = Value> {
+        (
+            slot(any::<f64>().prop_map(Value::F64)),
+            slot(proptest::collection::vec(event(), 0..4).prop_map(Value::Array)),
+            slot(prop_oneof![
+                Just(Value::Nil),
+                (0i64..4).prop_map(Value::from)
+            ]),
+            0usize..5,
+            any::<bool>(),
+        )
+            .prop_map(|(ts, events, rank, len, as_map)| {
+                let slots = vec![ts, events, rank, Value::from("future")];
+                if as_map {
+                    let names = ["ts", "events", "data_parallel_rank", "other"];
+                    Value::Map(
+                        names
+                            .iter()
+                            .zip(slots)
+                            .take(len)
+                            .map(|(k, v)| (Value::from(*k), v))
+                            .collect(),
+                    )
+                } else {
+                    Value::Array(slots.into_iter().take(len).collect())
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Random engine-shaped batches (and random byte changes to them) decode
+        /// to what the value-tree decoder gave, errors included.
+        #[test]
+        fn the_typed_decoder_agrees_with_the_value_tree_decoder(
+            batch in batch(),
+            flip in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
+        ) {
+            let mut raw = bytes(&batch);
+            if let Some((at, b)) = flip && !raw.is_empty() {
+                let at = at.index(raw.len());
+                raw[at] = b;
+            }
+            agree(&raw);
+        }
+    }
 }
