@@ -126,6 +126,21 @@ impl ExtProc {
         ExternalProcessorServer::new(self)
     }
 
+    /// Answers the messages of one stream in order, in process, without a
+    /// transport: what the serving benchmark counts allocations on. The stream's
+    /// state (in-flight count, held body) ends with the call.
+    pub fn answer_stream(
+        &self,
+        messages: impl IntoIterator<Item = ProcessingRequest>,
+    ) -> Vec<ProcessingResponse> {
+        let mut stream = StreamState::default();
+        let mut out = Vec::new();
+        for msg in messages {
+            self.answer_into(msg, &mut stream, &mut out);
+        }
+        out
+    }
+
     /// Answers one message with one reply (the headers-only exchange; tests).
     #[cfg(test)]
     fn answer(
