@@ -165,6 +165,14 @@ async fn main() -> anyhow::Result<()> {
         .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
         .collect();
     let allocs = allocations_per_decision(&policy, &chain).await?;
+    if std::env::var_os("IC_BENCH_ALLOCS_ONLY").is_some() {
+        // Counts need no optimised build: `cargo test --bench serving` runs this.
+        println!(
+            "allocations per decision, in process ({ALLOC_ROUNDS} decisions): {}",
+            allocs.line()
+        );
+        return Ok(());
+    }
 
     let sidecar_bin = std::env::var_os("IC_BENCH_SIDECAR")
         .map(PathBuf::from)
@@ -236,9 +244,8 @@ async fn main() -> anyhow::Result<()> {
     println!("serving benchmark: {requests} sequential requests per setup, loopback, 1 client");
     println!("sidecar binary: {}", sidecar_bin.display());
     println!(
-        "allocations per decision, in process ({ALLOC_ROUNDS} decisions): \
-         ext_proc headers-only {:.1} ({:.0} bytes), LookupRoute {:.1} ({:.0} bytes)",
-        allocs.ext_proc.0, allocs.ext_proc.1, allocs.lookup.0, allocs.lookup.1
+        "allocations per decision, in process ({ALLOC_ROUNDS} decisions): {}",
+        allocs.line()
     );
     println!("{:<28} {:>10} {:>10}", "setup", "p50 (µs)", "p99 (µs)");
     for (name, l) in [
@@ -269,6 +276,15 @@ async fn main() -> anyhow::Result<()> {
 struct DecisionAllocs {
     ext_proc: (f64, f64),
     lookup: (f64, f64),
+}
+
+impl DecisionAllocs {
+    fn line(&self) -> String {
+        format!(
+            "ext_proc headers-only {:.1} ({:.0} bytes), LookupRoute {:.1} ({:.0} bytes)",
+            self.ext_proc.0, self.ext_proc.1, self.lookup.0, self.lookup.1
+        )
+    }
 }
 
 /// The sidecar's two decision paths in this process, on the bench's policy and
