@@ -315,7 +315,17 @@ async fn allocations_per_decision(policy: &Path, chain: &[u64]) -> anyhow::Resul
 
     let message = headers_message(chain);
     let check = ext.answer_stream([message.clone()]);
-    if !format!("{check:?}").contains(HOLDER) {
+    let routed = check.iter().any(|r| match &r.response {
+        Some(Reply::RequestHeaders(h)) => h
+            .response
+            .iter()
+            .flat_map(|c| &c.header_mutation)
+            .flat_map(|m| &m.set_headers)
+            .flat_map(|o| &o.header)
+            .any(|h| h.key == "x-inferencecache-replica" && h.raw_value == HOLDER.as_bytes()),
+        _ => false,
+    });
+    if !routed {
         bail!("in-process ext_proc did not route the chain to {HOLDER}: {check:?}");
     }
     let (mut allocs, mut bytes) = (0, 0);
