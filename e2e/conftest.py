@@ -236,6 +236,23 @@ class Envoy:
         text = (REPO / "envoy" / template).read_text()
         if edit is not None:  # a test's own change to the shipped config
             text = edit(text)
+        # free_port() closes its socket before Envoy binds, so another process can
+        # take the port in between: retry on fresh ports when a bind is refused.
+        for attempt in range(3):
+            self._start(workdir, template, text, sidecar, upstreams, concurrency)
+            try:
+                wait_until(self._listening, what="Envoy listener")
+                return
+            except AssertionError:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
+                self.log.close()
+                log = (workdir / "envoy.log").read_text(errors="replace")
+                if attempt == 2 or "ddress already in use" not in log:
+                    raise AssertionError(f"Envoy did not start; its log:\n{log[-3000:]}")
+
+    def _start(self, workdir, template, text, sidecar, upstreams, concurrency):
         self.port = free_port()
         # The shipped configs have no admin listener; the tests read its /stats.
         self.admin_port = free_port()
@@ -254,7 +271,6 @@ class Envoy:
             [envoy_binary(), "-c", str(config), "--disable-hot-restart",
              "--concurrency", str(concurrency), "-l", "warning"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(self._listening, what="Envoy listener")
 
     def _listening(self):
         if self.proc.poll() is not None:

@@ -267,15 +267,6 @@ def debug_client(stack):
                          default_headers={"x-inferencecache-debug": "1"})
 
 
-# Known gap (issue 14, reported): with --destination-mode original-dst (the GIE
-# config) a request whose body gives no chain and whose headers name no scope has
-# no replica to fall back to, and gets 503 instead of being served. Strict: these
-# start failing CI the moment the fallback is fixed, so the mark is removed then.
-BODY_FALLBACK_GAP = pytest.mark.xfail(
-    strict=True, reason="original-dst has no fallback replica for a body miss without a scope")
-
-
-@BODY_FALLBACK_GAP
 def test_a_shared_system_prompt_routes_the_second_chat_to_its_holder(gie_body):
     s = gie_body
     client = debug_client(s)
@@ -301,7 +292,6 @@ def test_a_shared_system_prompt_routes_the_second_chat_to_its_holder(gie_body):
     assert second.parse().choices[0].message.content == holder
 
 
-@BODY_FALLBACK_GAP
 @pytest.mark.parametrize("case,body,reason", [
     ("invalid json", b'{"model": "qwen3", "messages": [', "invalid_json"),
     ("over the limit", json.dumps({"model": "qwen3", "messages": [

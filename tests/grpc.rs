@@ -45,6 +45,7 @@ fn mk_snapshot() -> PolicySnapshot {
         engine: "vLLM".into(),
         block_size: 16,
         kv_events_topic: String::new(),
+        lora_adapters: Vec::new(),
         replicas,
     };
     PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])

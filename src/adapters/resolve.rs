@@ -463,6 +463,7 @@ fn resolve_backend(
             .map(|k| k.topic.clone())
             .unwrap_or_default(),
         replicas,
+        lora_adapters: spec.lora_adapters.clone(),
     })
 }
 
@@ -486,6 +487,22 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
     }
     for (field, message) in crate::adapters::kv_events::ranks::backend_errors(spec) {
         out.reject(BACKEND, meta, &field, message);
+    }
+    let mut adapters = HashSet::new();
+    for (i, a) in spec.lora_adapters.iter().enumerate() {
+        let field = format!("spec.loraAdapters[{i}]");
+        if a.is_empty() {
+            out.reject(BACKEND, meta, &field, "must be non-empty".into());
+        } else if *a == spec.model_id {
+            out.reject(
+                BACKEND,
+                meta,
+                &field,
+                format!("{a:?} is the backend's modelID, not an adapter"),
+            );
+        } else if !adapters.insert(a.as_str()) {
+            out.reject(BACKEND, meta, &field, format!("duplicate adapter {a:?}"));
+        }
     }
     if let Err(errors) = crate::adapters::engine_metrics::backend_metrics(spec) {
         for (field, message) in errors {

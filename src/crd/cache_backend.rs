@@ -88,6 +88,15 @@ pub struct CacheBackendSpec {
     /// routed on their tokenized OpenAI body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<TokenizerSpec>,
+
+    /// The LoRA adapters the engines serve beside `modelID` (vLLM's
+    /// `--lora-modules NAME=PATH` names). A body-mode request whose `model` is one
+    /// of them is routed in this backend's scope with the adapter as its block
+    /// identity (`ic-content-v2`), as the engine stores its blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.all(a, a != '')").message("loraAdapters entries must be non-empty"))]
+    pub lora_adapters: Vec<String>,
 }
 
 /// `spec.tokenizer` (body mode, contract §12).

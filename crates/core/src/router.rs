@@ -5,6 +5,7 @@
 //! load, no lock), so a reload never tears a decision.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -32,6 +33,8 @@ pub struct Router {
     /// over its entry cap, so the cap sweep (a scan of the largest tenant) runs
     /// there instead of on the ingesting thread. Unset: the sweep runs inline.
     over_cap: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Round-robin turn among equally loaded replicas of [`Router::fallback_in_fleet`].
+    fleet_turn: AtomicUsize,
 }
 
 impl Router {
@@ -41,6 +44,7 @@ impl Router {
             snapshot: ArcSwap::from_pointee(PolicySnapshot::empty()),
             control: Mutex::new(()),
             over_cap: OnceLock::new(),
+            fleet_turn: AtomicUsize::new(0),
         };
         router.install(snapshot, now);
         router
@@ -210,6 +214,50 @@ impl Router {
         let ttl = self.snapshot.load().tenant(scope.tenant).policy.ttl_nanos();
         let serving = s.serving(now.as_nanos(), ttl, candidates);
         s.least_loaded(&serving)
+    }
+
+    /// ORIGINAL_DST's last resort for a request whose scope is unknown (a body
+    /// mode request whose body gave none: invalid JSON, over the size limit, an
+    /// unknown model): the least loaded serving replica of the scopes serving
+    /// `model`, or of the whole fleet when none does (or `model` is empty), among
+    /// the `subset` endpoints when the gateway gave one; ties go round-robin.
+    /// Failing open beats a 503 for a request the engines can serve. `None` when
+    /// not one replica qualifies.
+    pub fn fallback_in_fleet(
+        &self,
+        model: &str,
+        subset: Option<&[&str]>,
+        now: Timestamp,
+    ) -> Option<Arc<str>> {
+        let snapshot = self.snapshot.load();
+        let fleet = self.index.fleet_scopes();
+        let serving_model = fleet
+            .iter()
+            .any(|s| !model.is_empty() && &*s.key.model == model);
+        let mut options: Vec<(u64, Arc<str>)> = Vec::new();
+        for s in &fleet {
+            if serving_model && &*s.key.model != model {
+                continue;
+            }
+            let ttl = snapshot.tenant(&s.key.tenant).policy.ttl_nanos();
+            let serving = s.serving(now.as_nanos(), ttl, &[]);
+            options.extend(
+                s.serving_endpoints(&serving)
+                    .into_iter()
+                    .filter(|(_, e)| subset.is_none_or(|addrs| addrs.contains(&&**e))),
+            );
+        }
+        // One endpoint may serve several scopes: count it once, at its highest load.
+        options.sort_unstable_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+        options.dedup_by(|a, b| a.1 == b.1);
+        let min = options.iter().map(|(load, _)| *load).min()?;
+        let tied: Vec<&Arc<str>> = options
+            .iter()
+            .filter(|(load, _)| *load == min)
+            .map(|(_, e)| e)
+            .collect();
+        let turn = self.fleet_turn.fetch_add(1, Ordering::Relaxed);
+        Some(tied[turn % tied.len()].clone())
     }
 
     /// The replica ids of `scope` at these `ip:port` endpoints (unknown ones are

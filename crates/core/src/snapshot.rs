@@ -50,6 +50,8 @@ pub struct BackendDecl {
     pub block_size: u32,
     pub kv_events_topic: String,
     pub replicas: Vec<DeclaredReplica>,
+    /// `spec.loraAdapters`: model names that are adapters of this backend's model.
+    pub lora_adapters: Vec<String>,
 }
 
 /// What the decision needs to know about one tenant.

@@ -66,6 +66,8 @@ pub struct Chat {
 pub struct OpenAiRequest {
     pub model: String,
     pub prompt: Prompt,
+    /// vLLM's `cache_salt`: part of every block's identity under `ic-content-v2`.
+    pub cache_salt: String,
 }
 
 /// Why a body is not a usable request.
@@ -81,6 +83,8 @@ pub enum RequestError {
 struct CompletionsBody<'a> {
     #[serde(default)]
     model: String,
+    #[serde(default)]
+    cache_salt: Option<String>,
     #[serde(borrow)]
     prompt: Option<&'a RawValue>,
     add_special_tokens: Option<bool>,
@@ -90,6 +94,8 @@ struct CompletionsBody<'a> {
 struct ChatBody {
     #[serde(default)]
     model: String,
+    #[serde(default)]
+    cache_salt: Option<String>,
     messages: Option<Vec<Value>>,
     tools: Option<Vec<Value>>,
     add_generation_prompt: Option<bool>,
@@ -117,6 +123,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, RequestEr
             Ok(OpenAiRequest {
                 model: b.model,
                 prompt,
+                cache_salt: b.cache_salt.unwrap_or_default(),
             })
         }
         Endpoint::ChatCompletions => {
@@ -155,6 +162,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<OpenAiRequest, RequestEr
                     add_special_tokens: b.add_special_tokens.unwrap_or(false),
                     template_kwargs,
                 }),
+                cache_salt: b.cache_salt.unwrap_or_default(),
             })
         }
     }

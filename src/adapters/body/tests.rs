@@ -460,3 +460,139 @@ fn a_backend_not_loaded_yet_is_loading_not_an_error() {
         TokenizerState::NotConfigured
     ));
 }
+
+/// One backend in namespace a (tenant ta) with `spec` as its spec's extra fields.
+fn load_one(f: &Fixture, scheme: &str, extra: &str) -> Loaded {
+    let yaml = format!(
+        "apiVersion: inferencecache.io/v1alpha1\nkind: CacheTenant\nmetadata: {{name: t, namespace: a}}\nspec: {{tenantID: ta}}\n---\napiVersion: inferencecache.io/v1alpha1\nkind: CacheBackend\nmetadata: {{name: be, namespace: a}}\nspec: {{engine: vLLM, modelID: m, hashScheme: {scheme}, blockSize: 4, tokenizer: {{path: {:?}}}{extra}}}\n",
+        f.tok().display().to_string()
+    );
+    let file = f.root.join("policy/p.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    policy_file::load(&file).unwrap()
+}
+
+#[test]
+fn under_ic_content_v2_an_adapter_model_and_a_cache_salt_are_the_block_identity() {
+    let f = Fixture::new("identity-v2");
+    let loaded = load_one(&f, IC_CONTENT_V2, ", loraAdapters: [sql-lora]");
+    let (mode, _) = f.mode(&loaded, 1 << 20);
+    let route = |headers: &RoutingFields, body: serde_json::Value| {
+        mode.route_in(
+            &loaded.snapshot,
+            COMPLETIONS,
+            headers,
+            body.to_string().as_bytes(),
+        )
+    };
+    let ids: Vec<u32> = std::iter::once(0).chain(10..20).collect();
+    let plain = chain::compute_chain(Scheme::ContentV2, &ids, 4, None).unwrap();
+
+    let base = route(
+        &no_headers(),
+        serde_json::json!({"model": "m", "prompt": words(0..10)}),
+    )
+    .unwrap();
+    assert_eq!(
+        (base.model.as_str(), base.hash_scheme.as_str()),
+        ("m", IC_CONTENT_V2)
+    );
+    assert_eq!(
+        (base.lora_adapter.as_str(), base.cache_salt.as_str()),
+        ("", "")
+    );
+    assert_eq!(base.block_hashes, plain);
+
+    // The adapter's name as the model: the base model's scope, the adapter as
+    // identity (the router mixes it into the index keys), the plain chain.
+    let lora = route(
+        &no_headers(),
+        serde_json::json!({"model": "sql-lora", "prompt": words(0..10), "cache_salt": "t-7"}),
+    )
+    .unwrap();
+    assert_eq!((lora.tenant.as_str(), lora.model.as_str()), ("ta", "m"));
+    assert_eq!(
+        (lora.lora_adapter.as_str(), lora.cache_salt.as_str()),
+        ("sql-lora", "t-7")
+    );
+    assert_eq!(lora.block_hashes, plain);
+
+    // Under a base-model header the body's adapter still counts; identity
+    // headers win over the body.
+    let header_model = RoutingFields {
+        model: "m".into(),
+        ..RoutingFields::default()
+    };
+    let out = route(
+        &header_model,
+        serde_json::json!({"model": "sql-lora", "prompt": words(0..10)}),
+    )
+    .unwrap();
+    assert_eq!(out.lora_adapter, "sql-lora");
+    let forced = RoutingFields {
+        lora_adapter: "other".into(),
+        cache_salt: "h".into(),
+        ..RoutingFields::default()
+    };
+    let out = route(
+        &forced,
+        serde_json::json!({"model": "sql-lora", "prompt": words(0..10), "cache_salt": "b"}),
+    )
+    .unwrap();
+    assert_eq!(
+        (out.lora_adapter.as_str(), out.cache_salt.as_str()),
+        ("other", "h")
+    );
+
+    // A chat request carries its salt too.
+    let chat = serde_json::json!({"model": "sql-lora", "cache_salt": "s",
+        "messages": [{"role": "user", "content": words(0..10)}]});
+    let out = mode
+        .route_in(
+            &loaded.snapshot,
+            CHAT,
+            &no_headers(),
+            chat.to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(
+        (out.lora_adapter.as_str(), out.cache_salt.as_str()),
+        ("sql-lora", "s")
+    );
+
+    // An adapter nobody declares is an unknown model, as before.
+    let miss = route(
+        &no_headers(),
+        serde_json::json!({"model": "nope-lora", "prompt": "w1"}),
+    )
+    .unwrap_err();
+    assert_eq!(miss.reason(), "unknown_model");
+}
+
+#[test]
+fn under_ic_content_v1_an_adapter_routes_in_its_backend_without_identity() {
+    // ic-content-v1 hashes token ids only, as its engine-side chain does: an
+    // identity here would match nothing the index holds.
+    let f = Fixture::new("identity-v1");
+    let loaded = load_one(&f, IC_CONTENT_V1, ", loraAdapters: [sql-lora]");
+    let (mode, _) = f.mode(&loaded, 1 << 20);
+    let body = serde_json::json!({"model": "sql-lora", "prompt": words(0..10), "cache_salt": "x"});
+    let out = mode
+        .route_in(
+            &loaded.snapshot,
+            COMPLETIONS,
+            &no_headers(),
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(
+        (out.model.as_str(), out.hash_scheme.as_str()),
+        ("m", IC_CONTENT_V1)
+    );
+    assert_eq!(
+        (out.lora_adapter.as_str(), out.cache_salt.as_str()),
+        ("", "")
+    );
+    let ids: Vec<u32> = std::iter::once(0).chain(10..20).collect();
+    assert_eq!(out.block_hashes, expected(&ids));
+}

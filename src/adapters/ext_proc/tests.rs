@@ -20,6 +20,7 @@ fn mk_snapshot_with(replicas: &[(&str, &str)], policy: ResolvedPolicy) -> Policy
         engine: "vLLM".into(),
         block_size: 16,
         kv_events_topic: String::new(),
+        lora_adapters: Vec::new(),
         replicas: replicas
             .iter()
             .map(|(id, addr)| DeclaredReplica {

@@ -135,9 +135,13 @@ impl Verdict {
         let parsed = input.parsed;
         let f = &parsed.fields;
         let scope = ScopeRef::new(&f.tenant, &f.model, &f.hash_scheme);
+        // A body request whose body gave no scope the index knows (invalid JSON,
+        // over the limit, an unknown model) has no scope to fall back on: under a
+        // must-pick mode it falls back on the fleet (`Router::fallback_in_fleet`).
+        let in_fleet = input.body_miss.is_some() && router.index().scope(scope).is_none();
         // The subset as replica ids; a subset naming no replica of the scope
         // leaves nothing eligible (an empty candidate list would mean "all").
-        let candidates = input.subset.map(|addrs| {
+        let candidates = input.subset.filter(|_| !in_fleet).map(|addrs| {
             let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
             router.replicas_at(scope, &addrs)
         });
@@ -210,7 +214,15 @@ impl Verdict {
         let must_pick =
             config.destination_mode == DestinationMode::OriginalDst || input.subset.is_some();
         if destination.is_none() && must_pick {
-            match router.fallback_endpoint(scope, candidates, now) {
+            let fallback = if in_fleet {
+                let subset: Option<Vec<&str>> = input
+                    .subset
+                    .map(|addrs| addrs.iter().map(String::as_str).collect());
+                router.fallback_in_fleet(&f.model, subset.as_deref(), now)
+            } else {
+                router.fallback_endpoint(scope, candidates, now)
+            };
+            match fallback {
                 Some(ep) => destination = Some(ep.to_string()),
                 None if input.subset.is_some() => {
                     return (Self::no_eligible_endpoint(metrics, config, input), None);

@@ -453,3 +453,36 @@ fn tier_weights_load_from_yaml_and_out_of_range_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn lora_adapters_load_from_yaml_and_bad_ones_are_named() {
+    let with = |adapters: &str| {
+        BACKEND.replace(
+            "hashScheme: s",
+            &format!("hashScheme: s\n  loraAdapters: {adapters}"),
+        )
+    };
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    dir.write("b.yaml", &with("[sql-lora, chat-lora]"));
+    let loaded = load(dir.path()).unwrap();
+    assert_eq!(
+        loaded.snapshot.backends()[0].lora_adapters,
+        vec!["sql-lora".to_string(), "chat-lora".to_string()]
+    );
+    for (adapters, says) in [
+        ("[a, a]", "spec.loraAdapters[1]: duplicate adapter \"a\""),
+        (
+            "[m]",
+            "spec.loraAdapters[0]: \"m\" is the backend's modelID, not an adapter",
+        ),
+        // The CRD's own rule answers first, as the apiserver would.
+        (
+            "['']",
+            "spec.loraAdapters: loraAdapters entries must be non-empty",
+        ),
+    ] {
+        let e = load_err(&[("t.yaml", TENANT), ("b.yaml", &with(adapters))]);
+        assert!(e.contains(says), "{adapters}: {e}");
+    }
+}

@@ -140,6 +140,7 @@ fn backend(replicas: &[(&str, &str)]) -> BackendDecl {
         engine: "vLLM".into(),
         block_size: 16,
         kv_events_topic: String::new(),
+        lora_adapters: Vec::new(),
         replicas: replicas
             .iter()
             .map(|(id, address)| DeclaredReplica {

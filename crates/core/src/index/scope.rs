@@ -721,6 +721,14 @@ impl ScopeIndex {
             .collect()
     }
 
+    /// Each serving member's live load and endpoint (members without one left out).
+    pub(crate) fn serving_endpoints(&self, serving: &ServingSet) -> Vec<(u64, Arc<str>)> {
+        (0..serving.len())
+            .filter_map(|m| serving.replica(m))
+            .filter_map(|r| r.endpoint().map(|e| (r.live.load(), e.clone())))
+            .collect()
+    }
+
     pub(crate) fn least_loaded(&self, serving: &ServingSet) -> Option<Arc<str>> {
         let loads: SmallVec<[u64; 32]> = (0..serving.len())
             .map(|m| serving.replica(m).map_or(u64::MAX, |r| r.live.load()))

@@ -111,6 +111,17 @@ impl Index {
         created
     }
 
+    /// Every scope of every tenant but the self-test's: the fleet, for a request
+    /// that names no scope (ORIGINAL_DST's last resort).
+    pub fn fleet_scopes(&self) -> Vec<Arc<ScopeIndex>> {
+        self.tenants
+            .load()
+            .values()
+            .filter(|t| &*t.id != crate::scope::PROBE_TENANT)
+            .flat_map(|t| t.scopes.load().iter().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+
     /// The scope, if it exists (known or not).
     pub fn scope(&self, scope: ScopeRef<'_>) -> Option<Arc<ScopeIndex>> {
         self.tenant(scope.tenant)?

@@ -520,6 +520,99 @@ fn an_empty_eligible_subset_is_a_503() {
     }
 }
 
+fn original_dst_body_service() -> ExtProc {
+    mk_service(ExtProcConfig {
+        destination_mode: DestinationMode::OriginalDst,
+        ..ExtProcConfig::default()
+    })
+    .with_body_router(Arc::new(JsonChainDouble { limit: 1 << 20 }))
+}
+
+fn destination_of(reply: &ProcessingResponse) -> Option<String> {
+    set_value(common(reply), DEFAULT_DESTINATION_HEADER)
+}
+
+#[test]
+fn original_dst_serves_a_body_that_names_no_scope_on_the_fleet() {
+    // GIE style: no scope headers, and the body gives none (invalid JSON, an
+    // unknown model). There is no scope to fall back on, so a serving replica of
+    // the fleet gets it: served, never a 503; ties go round-robin.
+    let svc = original_dst_body_service();
+    let mut picked = std::collections::BTreeSet::new();
+    for body in [&b"{not json"[..], b"{\"model\": \"gpt-9\"}"].repeat(3) {
+        let mut st = StreamState::default();
+        send(
+            &svc,
+            &mut st,
+            headers_msg(BodySendMode::FullDuplexStreamed, &[], None),
+        );
+        let out = send(&svc, &mut st, body_msg(body, true));
+        let dest = destination_of(&out[0]).expect("a destination, not a 503");
+        assert_eq!(streamed(&out[1..]), vec![(body.to_vec(), true)]);
+        picked.insert(dest);
+    }
+    let all: std::collections::BTreeSet<String> =
+        ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+            .map(String::from)
+            .into();
+    assert_eq!(picked, all, "equally loaded replicas take turns");
+}
+
+#[test]
+fn original_dst_fleet_fallback_obeys_the_subset() {
+    let svc = original_dst_body_service();
+    for _ in 0..3 {
+        let mut st = StreamState::default();
+        send(
+            &svc,
+            &mut st,
+            headers_msg(
+                BodySendMode::FullDuplexStreamed,
+                &[],
+                Some(&["127.0.0.1:8002", "10.9.9.9:1"]),
+            ),
+        );
+        let out = send(&svc, &mut st, body_msg(b"{not json", true));
+        assert_eq!(destination_of(&out[0]).as_deref(), Some("127.0.0.1:8002"));
+    }
+    // A subset naming nothing of the fleet: the protocol's 503.
+    let mut st = StreamState::default();
+    send(
+        &svc,
+        &mut st,
+        headers_msg(BodySendMode::FullDuplexStreamed, &[], Some(&["10.9.9.9:1"])),
+    );
+    let out = send(&svc, &mut st, body_msg(b"{not json", true));
+    let Some(Reply::ImmediateResponse(im)) = &out[0].response else {
+        panic!("expected 503, got {:?}", out[0])
+    };
+    assert_eq!(im.status.as_ref().map(|s| s.code), Some(503));
+}
+
+#[test]
+fn original_dst_still_refuses_a_named_scope_without_replicas() {
+    // Headers that name a scope nobody serves stay a 503 (contract §7): the
+    // fleet is only for requests whose scope is unknown because the body gave none.
+    let svc = original_dst_body_service();
+    let mut st = StreamState::default();
+    let mut msg = headers_msg(
+        BodySendMode::None,
+        &[
+            (TENANT, "acme"),
+            (MODEL, "other-model"),
+            (HASH_SCHEME, "vllm"),
+        ],
+        None,
+    );
+    msg.protocol_config = None;
+    let out = send(&svc, &mut st, msg);
+    let Some(Reply::ImmediateResponse(im)) = &out[0].response else {
+        panic!("expected 503, got {:?}", out[0])
+    };
+    assert_eq!(im.status.as_ref().map(|s| s.code), Some(503));
+    assert!(String::from_utf8_lossy(&im.body).contains("no serving replica"));
+}
+
 #[test]
 fn full_duplex_response_bodies_are_echoed() {
     let svc = mk_service(ExtProcConfig::default());

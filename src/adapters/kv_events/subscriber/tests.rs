@@ -537,6 +537,7 @@ async fn two_ranks_feed_one_replica_and_clear_only_their_own_blocks() {
             engine: "vLLM".into(),
             block_size: 4,
             kv_events_topic: "kv".into(),
+            lora_adapters: Vec::new(),
             replicas: vec![DeclaredReplica {
                 id: "r0".into(),
                 address: "10.0.0.1:8000".into(),
