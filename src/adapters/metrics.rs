@@ -12,7 +12,7 @@
 mod latency;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -120,6 +120,9 @@ pub struct Metrics {
     decision_counters: [[Counter; ReasonCode::ALL.len()]; 2],
     latency_by_path: [LatencyHistogram; 2],
     load_spills: Family<ReasonLabels, Counter>,
+    /// `load_spills`' series by reason, resolved on first use (a series appears
+    /// only once a spill happens), so a spill takes no family lock after that.
+    spill_counters: [OnceLock<Counter>; ReasonCode::ALL.len()],
     body_requests: Family<OutcomeLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
@@ -237,6 +240,7 @@ impl Metrics {
             decision_counters,
             latency_by_path,
             load_spills,
+            spill_counters: Default::default(),
             body_requests,
             ingest_calls,
             ingest_events,
@@ -335,11 +339,17 @@ impl Metrics {
 
     /// A routed request the load rule moved (`x-inferencecache-spilled-from`).
     pub fn record_spill(&self, reason: ReasonCode) {
-        self.load_spills
-            .get_or_create(&ReasonLabels {
-                reason: reason.as_str(),
-            })
-            .inc();
+        let Some(slot) = self.spill_counters.get(reason as usize) else {
+            return;
+        };
+        slot.get_or_init(|| {
+            self.load_spills
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .clone()
+        })
+        .inc();
     }
 
     /// One IngestEvents or ReportStats call (`rpc` is the RPC name).

@@ -121,7 +121,8 @@ pub struct RoutingHeaders {
 
 impl RoutingHeaders {
     /// Reads the routing headers. Names compare case-insensitively; values are
-    /// trimmed of surrounding whitespace.
+    /// trimmed of surrounding whitespace. Values are read in place: only the
+    /// scope keys and the parsed chain are allocated.
     pub fn parse<'a, I>(headers: I) -> Self
     where
         I: IntoIterator<Item = (&'a str, &'a [u8])>,
@@ -133,44 +134,42 @@ impl RoutingHeaders {
                 malformed.get_or_insert(e);
             }
         }
-        let debug = raw.debug.is_some_and(|v| v.trim() == "1");
-        let mut fields = RoutingFields {
-            tenant: raw.tenant.unwrap_or_default(),
-            model: raw.model.unwrap_or_default(),
-            hash_scheme: raw.hash_scheme.unwrap_or_default(),
-            prefix_hash: raw.prefix_hash.unwrap_or_default(),
-            lora_adapter: raw.lora_adapter.unwrap_or_default(),
-            cache_salt: raw.cache_salt.unwrap_or_default(),
-            ..RoutingFields::default()
-        };
+        let debug = raw.debug.is_some_and(|v| v == "1");
         for (header, v) in [
-            (LORA_ADAPTER, &fields.lora_adapter),
-            (CACHE_SALT, &fields.cache_salt),
+            (LORA_ADAPTER, raw.lora_adapter),
+            (CACHE_SALT, raw.cache_salt),
         ] {
-            if v.len() > MAX_IDENTITY_LEN {
-                malformed.get_or_insert(MalformedHeader::TooLongValue {
-                    header,
-                    bytes: v.len(),
-                });
+            let bytes = v.map_or(0, str::len);
+            if bytes > MAX_IDENTITY_LEN {
+                malformed.get_or_insert(MalformedHeader::TooLongValue { header, bytes });
             }
         }
-        if malformed.is_none()
-            && let Err(e) = fields.parse_numbers(
-                raw.block_hashes.as_deref(),
-                raw.block_token_counts.as_deref(),
-                raw.prefix_tokens.as_deref(),
-            )
-        {
-            malformed = Some(e);
-        }
-        if malformed.is_some() {
-            // Nothing of a half-read chain may reach the decision.
-            fields.block_hashes.clear();
-            fields.block_token_counts.clear();
-            fields.prefix_hash.clear();
-            fields.prefix_tokens = 0;
-            fields.lora_adapter.clear();
-            fields.cache_salt.clear();
+        // The scope keys are owned (a held request outlives its message); they
+        // are kept even when the chain is malformed.
+        let mut fields = RoutingFields {
+            tenant: raw.tenant.unwrap_or_default().to_owned(),
+            model: raw.model.unwrap_or_default().to_owned(),
+            hash_scheme: raw.hash_scheme.unwrap_or_default().to_owned(),
+            ..RoutingFields::default()
+        };
+        if malformed.is_none() {
+            // Nothing of a half-read chain may reach the decision: on an error
+            // the chain fields stay empty.
+            match RoutingFields::parse_numbers(
+                raw.block_hashes,
+                raw.block_token_counts,
+                raw.prefix_tokens,
+            ) {
+                Ok((block_hashes, block_token_counts, prefix_tokens)) => {
+                    fields.block_hashes = block_hashes;
+                    fields.block_token_counts = block_token_counts;
+                    fields.prefix_tokens = prefix_tokens;
+                    fields.prefix_hash = raw.prefix_hash.unwrap_or_default().to_owned();
+                    fields.lora_adapter = raw.lora_adapter.unwrap_or_default().to_owned();
+                    fields.cache_salt = raw.cache_salt.unwrap_or_default().to_owned();
+                }
+                Err(e) => malformed = Some(e),
+            }
         }
         Self {
             debug,
@@ -195,54 +194,80 @@ impl RoutingHeaders {
 }
 
 impl RoutingFields {
+    /// The chain, its token counts and the legacy prefix token count.
     fn parse_numbers(
-        &mut self,
         hashes: Option<&str>,
         counts: Option<&str>,
         prefix_tokens: Option<&str>,
-    ) -> Result<(), MalformedHeader> {
-        self.block_hashes = parse_list(hashes.unwrap_or(""), |index, item| {
+    ) -> Result<(Vec<u64>, Vec<u32>, u32), MalformedHeader> {
+        let hashes = parse_list(hashes.unwrap_or(""), |index, item| {
             parse_hex_u64(item).ok_or_else(|| MalformedHeader::BadHash {
                 index,
                 item: clip(item),
             })
         })?;
-        self.block_token_counts = parse_list(counts.unwrap_or(""), |index, item| {
+        let counts = parse_list(counts.unwrap_or(""), |index, item| {
             parse_decimal_u32(item).ok_or_else(|| MalformedHeader::BadCount {
                 header: BLOCK_TOKEN_COUNTS,
                 index,
                 item: clip(item),
             })
         })?;
+        let mut tokens = 0;
         if let Some(v) = prefix_tokens.filter(|v| !v.is_empty()) {
-            self.prefix_tokens = parse_decimal_u32(v).ok_or_else(|| MalformedHeader::BadCount {
+            tokens = parse_decimal_u32(v).ok_or_else(|| MalformedHeader::BadCount {
                 header: PREFIX_TOKENS,
                 index: 0,
                 item: clip(v),
             })?;
         }
-        Ok(())
+        Ok((hashes, counts, tokens))
     }
 }
 
-/// The routing headers as text, before the numbers are read.
+/// The routing headers as text, before the numbers are read: borrowed from the
+/// message, so a chain of many thousand blocks is read once, straight into the
+/// numbers the core borrows, and never copied as text.
 #[derive(Default)]
-struct RawHeaders {
-    tenant: Option<String>,
-    model: Option<String>,
-    hash_scheme: Option<String>,
-    block_hashes: Option<String>,
-    block_token_counts: Option<String>,
-    prefix_hash: Option<String>,
-    prefix_tokens: Option<String>,
-    lora_adapter: Option<String>,
-    cache_salt: Option<String>,
-    debug: Option<String>,
+struct RawHeaders<'a> {
+    tenant: Option<&'a str>,
+    model: Option<&'a str>,
+    hash_scheme: Option<&'a str>,
+    block_hashes: Option<&'a str>,
+    block_token_counts: Option<&'a str>,
+    prefix_hash: Option<&'a str>,
+    prefix_tokens: Option<&'a str>,
+    lora_adapter: Option<&'a str>,
+    cache_salt: Option<&'a str>,
+    debug: Option<&'a str>,
 }
 
-impl RawHeaders {
-    fn take(&mut self, name: &str, value: &[u8]) -> Result<(), MalformedHeader> {
-        let (header, slot) = match name.to_ascii_lowercase().as_str() {
+/// What every header this module reads starts with; a request's other headers
+/// are passed over on this prefix alone.
+const READ_PREFIX: &str = "x-inferencecache-";
+
+impl<'a> RawHeaders<'a> {
+    fn take(&mut self, name: &str, value: &'a [u8]) -> Result<(), MalformedHeader> {
+        let Some((header, slot)) = self.slot(name) else {
+            return Ok(());
+        };
+        if slot.is_some() {
+            return Err(MalformedHeader::Repeated(header));
+        }
+        let text = std::str::from_utf8(value).map_err(|_| MalformedHeader::NotText(header))?;
+        *slot = Some(text.trim());
+        Ok(())
+    }
+
+    /// The slot of a header this module reads, matched without allocating:
+    /// Envoy hands ext_proc lowercase names, which match exactly; any other
+    /// spelling is compared ignoring ASCII case, like HTTP.
+    fn slot(&mut self, name: &str) -> Option<(&'static str, &mut Option<&'a str>)> {
+        let prefix = name.as_bytes().get(..READ_PREFIX.len())?;
+        if !prefix.eq_ignore_ascii_case(READ_PREFIX.as_bytes()) {
+            return None;
+        }
+        let slot = match name {
             TENANT => (TENANT, &mut self.tenant),
             MODEL => (MODEL, &mut self.model),
             HASH_SCHEME => (HASH_SCHEME, &mut self.hash_scheme),
@@ -253,14 +278,25 @@ impl RawHeaders {
             LORA_ADAPTER => (LORA_ADAPTER, &mut self.lora_adapter),
             CACHE_SALT => (CACHE_SALT, &mut self.cache_salt),
             DEBUG => (DEBUG, &mut self.debug),
-            _ => return Ok(()),
+            _ => {
+                let lower = [
+                    TENANT,
+                    MODEL,
+                    HASH_SCHEME,
+                    BLOCK_HASHES,
+                    BLOCK_TOKEN_COUNTS,
+                    PREFIX_HASH,
+                    PREFIX_TOKENS,
+                    LORA_ADAPTER,
+                    CACHE_SALT,
+                    DEBUG,
+                ]
+                .into_iter()
+                .find(|h| h.eq_ignore_ascii_case(name))?;
+                return self.slot(lower);
+            }
         };
-        if slot.is_some() {
-            return Err(MalformedHeader::Repeated(header));
-        }
-        let text = std::str::from_utf8(value).map_err(|_| MalformedHeader::NotText(header))?;
-        *slot = Some(text.trim().to_string());
-        Ok(())
+        Some(slot)
     }
 }
 

@@ -130,6 +130,21 @@ impl ExtProc {
         ExternalProcessorServer::new(self)
     }
 
+    /// Answers the messages of one stream in order, in process, without a
+    /// transport: what the serving benchmark counts allocations on. The stream's
+    /// state (in-flight count, held body) ends with the call.
+    pub fn answer_stream(
+        &self,
+        messages: impl IntoIterator<Item = ProcessingRequest>,
+    ) -> Vec<ProcessingResponse> {
+        let mut stream = StreamState::default();
+        let mut out = Vec::new();
+        for msg in messages {
+            self.answer_into(msg, &mut stream, &mut out);
+        }
+        out
+    }
+
     /// Answers one message with one reply (the headers-only exchange; tests).
     #[cfg(test)]
     fn answer(
@@ -406,7 +421,7 @@ impl ExtProc {
         stream.echo = verdict
             .debug_echo
             .iter()
-            .map(|(k, v)| set_header(k, v))
+            .map(|(k, v)| set_header(k, v.as_str()))
             .collect();
         // A counted request needs the response headers (the end of its
         // prefill) to be released; otherwise skip that round trip.
@@ -415,7 +430,7 @@ impl ExtProc {
         if verdict.refusal.is_some() {
             stream.closed = true;
         }
-        let mut reply = self.request_headers_reply(&verdict, skip_response);
+        let mut reply = self.request_headers_reply(verdict, skip_response);
         if placement == Placement::Body
             && let Some(Reply::RequestHeaders(h)) = reply.response.take()
         {
@@ -426,33 +441,35 @@ impl ExtProc {
         reply
     }
 
-    /// The reply to request headers: the verdict in Envoy's terms.
+    /// The reply to request headers: the verdict in Envoy's terms. Its header
+    /// values move into the reply, uncopied.
     fn request_headers_reply(
         &self,
-        verdict: &Verdict,
+        verdict: Verdict,
         skip_response_headers: bool,
     ) -> ProcessingResponse {
         if let Some(body) = &verdict.refusal {
             return immediate_503(body, &verdict.debug_echo);
         }
         let dest_header = self.config.destination_header.as_str();
-        let mut set_headers: Vec<HeaderValueOption> = Vec::with_capacity(5);
-        if let Some(dest) = &verdict.destination {
-            set_headers.push(set_header(dest_header, dest));
-        }
-        for (k, v) in &verdict.upstream {
-            set_headers.push(set_header(k, v));
-        }
         // A client never chooses its upstream: every routing or decision header
-        // the verdict does not set is removed.
-        let mut remove_headers: Vec<String> = verdict::DECISION_HEADERS
-            .iter()
-            .filter(|h| !verdict.upstream.iter().any(|(k, _)| k == *h))
-            .map(|h| (*h).to_string())
-            .collect();
+        // the verdict does not set is removed. (Envoy's message owns its names,
+        // so each is one small allocation.)
+        let unset = || {
+            verdict::DECISION_HEADERS
+                .into_iter()
+                .filter(|h| !verdict.upstream.iter().any(|(k, _)| k == h))
+        };
+        let mut remove_headers = Vec::with_capacity(unset().count() + 1);
+        remove_headers.extend(unset().map(str::to_owned));
         if verdict.destination.is_none() {
-            remove_headers.push(dest_header.to_string());
+            remove_headers.push(dest_header.to_owned());
         }
+        let mut set_headers = Vec::with_capacity(verdict.upstream.len() + 1);
+        if let Some(dest) = &verdict.destination {
+            set_headers.push(set_header(dest_header, dest.as_str()));
+        }
+        set_headers.extend(verdict.upstream.into_iter().map(|(k, v)| set_header(k, v)));
         ProcessingResponse {
             response: Some(Reply::RequestHeaders(HeadersResponse {
                 response: Some(CommonResponse {
@@ -464,7 +481,7 @@ impl ExtProc {
                     ..CommonResponse::default()
                 }),
             })),
-            dynamic_metadata: verdict.destination.as_deref().map(lb_metadata),
+            dynamic_metadata: verdict.destination.map(lb_metadata),
             mode_override: skip_response_headers.then(|| ProcessingMode {
                 response_header_mode: HeaderSendMode::Skip as i32,
                 ..ProcessingMode::default()
@@ -680,19 +697,22 @@ fn streamed_body(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
     }
 }
 
-/// Overwrites (or adds) a header: never appends to what a client sent.
-fn set_header(key: &str, value: &str) -> HeaderValueOption {
+/// Overwrites (or adds) a header: never appends to what a client sent. An owned
+/// value becomes the header's bytes without a copy.
+fn set_header(key: &str, value: impl Into<Vec<u8>>) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {
             key: key.to_string(),
             value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
+            raw_value: value.into(),
         }),
         append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
         ..HeaderValueOption::default()
     }
 }
 
+/// A protobuf string value (tests build the gateway's subset metadata with it).
+#[cfg(test)]
 fn string_value(s: &str) -> Value {
     Value {
         kind: Some(Kind::StringValue(s.to_string())),
@@ -700,9 +720,12 @@ fn string_value(s: &str) -> Value {
 }
 
 /// `{"envoy.lb": {"x-gateway-destination-endpoint": dest}}`
-fn lb_metadata(dest: &str) -> Struct {
+fn lb_metadata(dest: String) -> Struct {
+    let value = Value {
+        kind: Some(Kind::StringValue(dest)),
+    };
     let inner = Struct {
-        fields: [(LB_METADATA_KEY.to_string(), string_value(dest))].into(),
+        fields: [(LB_METADATA_KEY.to_string(), value)].into(),
     };
     Struct {
         fields: [(
@@ -718,7 +741,7 @@ fn lb_metadata(dest: &str) -> Struct {
 /// ORIGINAL_DST with nowhere to send the request: 503 with the reason as the body.
 fn immediate_503(body: &str, debug_echo: &[(&'static str, String)]) -> ProcessingResponse {
     let mut set_headers = vec![set_header("content-type", "text/plain; charset=utf-8")];
-    set_headers.extend(debug_echo.iter().map(|(k, v)| set_header(k, v)));
+    set_headers.extend(debug_echo.iter().map(|(k, v)| set_header(k, v.as_str())));
     ProcessingResponse {
         response: Some(Reply::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {

@@ -151,7 +151,10 @@ impl Verdict {
             return (Self::no_eligible_endpoint(metrics, config, input), None);
         }
         let candidates: &[String] = candidates.as_deref().unwrap_or(&[]);
-        let mut upstream = Vec::with_capacity(4);
+        // The detail and the policy revision are only ever echoed to a
+        // debugging client: neither is built for anyone else.
+        let debugging = parsed.debug && config.debug_headers_allowed;
+        let mut upstream = Vec::with_capacity(5);
         let mut detail = None;
         let mut revision = None;
         let mut destination = None;
@@ -159,7 +162,7 @@ impl Verdict {
         let reason = match &parsed.malformed {
             Some(m) => {
                 // Counted like any decision, so malformed traffic shows in metrics.
-                detail = Some(m.to_string());
+                detail = debugging.then(|| m.to_string());
                 metrics.record_decision(DecisionPath::ExtProc, ReasonCode::NoHint, Duration::ZERO);
                 ReasonCode::NoHint
             }
@@ -190,16 +193,18 @@ impl Verdict {
                     }
                     inflight = router.admit(&decision, &req, now);
                 }
-                revision = Some(decision.policy_revision.to_string());
-                if decision.reason == ReasonCode::NoHint {
-                    detail = parsed.chain_mismatch().map(|m| m.to_string());
+                if debugging {
+                    revision = Some(decision.policy_revision.to_string());
+                    if decision.reason == ReasonCode::NoHint {
+                        detail = parsed.chain_mismatch().map(|m| m.to_string());
+                    }
                 }
                 decision.reason
             }
         };
         upstream.insert(0, (REASON, reason.as_str().to_string()));
 
-        if let Some(miss) = input.body_miss {
+        if let Some(miss) = input.body_miss.filter(|_| debugging) {
             detail = Some(format!("{}: {miss}", miss.reason()));
         }
 
@@ -235,7 +240,7 @@ impl Verdict {
         }
 
         let mut debug_echo = Vec::new();
-        if parsed.debug && config.debug_headers_allowed {
+        if debugging {
             debug_echo = upstream.clone();
             if let Some(d) = detail {
                 debug_echo.push((DETAIL, d));

@@ -140,6 +140,28 @@ fn rejects_repeated_headers_but_keeps_debug() {
 }
 
 #[test]
+fn a_repeat_in_another_spelling_is_still_a_repeat() {
+    let got = parse(&[(TENANT, "a"), ("X-INFERENCECACHE-TENANT", "b")]);
+    assert_eq!(got.malformed, Some(MalformedHeader::Repeated(TENANT)));
+    assert_eq!(got.fields.tenant, "a");
+}
+
+#[test]
+fn look_alike_and_unrelated_names_are_passed_over() {
+    let got = parse(&[
+        ("x-inferencecache-tenantx", "a"),
+        ("x-inferencecache-", "b"),
+        ("x-inferencecach", "c"),
+        ("x-inférencecache-tenant", "d"),
+        (":path", "/v1/completions"),
+        (MODEL, "m"),
+    ]);
+    assert_eq!(got.malformed, None);
+    assert_eq!(got.fields.tenant, "");
+    assert_eq!(got.fields.model, "m");
+}
+
+#[test]
 fn rejects_non_utf8() {
     let got = RoutingHeaders::parse([(MODEL, &[0xff, 0xfe][..])]);
     assert_eq!(got.malformed, Some(MalformedHeader::NotText(MODEL)));
