@@ -539,6 +539,21 @@ fn original_dst_body_service() -> ExtProc {
     .with_body_router(Arc::new(JsonChainDouble { limit: 1 << 20 }))
 }
 
+/// A full-duplex request with no headers of its own: the replies to its body.
+fn full_duplex_body(
+    svc: &ExtProc,
+    subset: Option<&[&str]>,
+    body: &[u8],
+) -> Vec<ProcessingResponse> {
+    let mut st = StreamState::default();
+    send(
+        svc,
+        &mut st,
+        headers_msg(BodySendMode::FullDuplexStreamed, &[], subset),
+    );
+    send(svc, &mut st, body_msg(body, true))
+}
+
 fn destination_of(reply: &ProcessingResponse) -> Option<String> {
     set_value(common(reply), DEFAULT_DESTINATION_HEADER)
 }
@@ -551,13 +566,7 @@ fn original_dst_serves_a_body_that_names_no_scope_on_the_fleet() {
     let svc = original_dst_body_service();
     let mut picked = std::collections::BTreeSet::new();
     for body in [&b"{not json"[..], b"{\"model\": \"gpt-9\"}"].repeat(3) {
-        let mut st = StreamState::default();
-        send(
-            &svc,
-            &mut st,
-            headers_msg(BodySendMode::FullDuplexStreamed, &[], None),
-        );
-        let out = send(&svc, &mut st, body_msg(body, true));
+        let out = full_duplex_body(&svc, None, body);
         let dest = destination_of(&out[0]).expect("a destination, not a 503");
         assert_eq!(streamed(&out[1..]), vec![(body.to_vec(), true)]);
         picked.insert(dest);
@@ -573,27 +582,11 @@ fn original_dst_serves_a_body_that_names_no_scope_on_the_fleet() {
 fn original_dst_fleet_fallback_obeys_the_subset() {
     let svc = original_dst_body_service();
     for _ in 0..3 {
-        let mut st = StreamState::default();
-        send(
-            &svc,
-            &mut st,
-            headers_msg(
-                BodySendMode::FullDuplexStreamed,
-                &[],
-                Some(&["127.0.0.1:8002", "10.9.9.9:1"]),
-            ),
-        );
-        let out = send(&svc, &mut st, body_msg(b"{not json", true));
+        let out = full_duplex_body(&svc, Some(&["127.0.0.1:8002", "10.9.9.9:1"]), b"{not json");
         assert_eq!(destination_of(&out[0]).as_deref(), Some("127.0.0.1:8002"));
     }
     // A subset naming nothing of the fleet: the protocol's 503.
-    let mut st = StreamState::default();
-    send(
-        &svc,
-        &mut st,
-        headers_msg(BodySendMode::FullDuplexStreamed, &[], Some(&["10.9.9.9:1"])),
-    );
-    let out = send(&svc, &mut st, body_msg(b"{not json", true));
+    let out = full_duplex_body(&svc, Some(&["10.9.9.9:1"]), b"{not json");
     let Some(Reply::ImmediateResponse(im)) = &out[0].response else {
         panic!("expected 503, got {:?}", out[0])
     };
