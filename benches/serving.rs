@@ -154,7 +154,14 @@ async fn main() -> anyhow::Result<()> {
     for _ in REPLICAS {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         upstreams.push(listener.local_addr()?);
-        let app = axum::Router::new().fallback(|| async { "ok" });
+        // The handler reads the whole body (an unread large body makes hyper close
+        // the connection), and answers without Nagle's delay, as engines do.
+        let app = axum::Router::new()
+            .fallback(|_body: axum::body::Bytes| async { "ok" })
+            .layer(axum::extract::DefaultBodyLimit::max(16 << 20));
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tokio::spawn(async move { axum::serve(listener, app).await });
     }
 
@@ -312,8 +319,10 @@ async fn body_mode_latency(
     let requests = env_usize("IC_BENCH_BODY_REQUESTS", 200)?;
     let text = TextRendering::load(dir)?;
     wait_for_tokenizer(admin).await?;
-    // A debug request first: body mode really decided (the reason is not NO_HINT).
-    let probe = body_request(&text.text(&[1, 2, 3, 4]), None, true);
+    // A debug request first: body mode really decided (the reason is not NO_HINT;
+    // four blocks, since a prompt shorter than one block has no chain to decide on).
+    let probe_ids: Vec<u32> = (1..=64).collect();
+    let probe = body_request(&text.text(&probe_ids), None, true);
     let head = clients[1].send(&probe).await?;
     if !head.contains("x-inferencecache-reason:") || head.contains("NO_HINT") {
         bail!("body mode did not decide the probe request:\n{head}");
@@ -684,7 +693,11 @@ impl HttpClient {
         };
         let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
         if !head.starts_with("HTTP/1.1 200") {
-            bail!("unexpected response:\n{head}");
+            let _ = tokio::time::timeout(Duration::from_millis(200), self.read_more()).await;
+            bail!(
+                "unexpected response:\n{}",
+                String::from_utf8_lossy(&self.buf)
+            );
         }
         let lower = head.to_ascii_lowercase();
         if let Some(len) = lower
@@ -922,9 +935,17 @@ fn envoy_config(
                 filters.remove(ext_proc);
             }
             _ => {
+                // IC_BENCH_BODY_MODE=BUFFERED: Envoy buffers the body and sends it
+                // whole (the other mode GIE allows).
+                let body_mode = std::env::var("IC_BENCH_BODY_MODE")
+                    .unwrap_or_else(|_| "FULL_DUPLEX_STREAMED".into());
                 let mode = &mut filters[ext_proc]["typed_config"]["processing_mode"];
-                mode["request_body_mode"] = json!("FULL_DUPLEX_STREAMED");
-                mode["request_trailer_mode"] = json!("SEND");
+                mode["request_trailer_mode"] = json!(if body_mode == "BUFFERED" {
+                    "SKIP"
+                } else {
+                    "SEND"
+                });
+                mode["request_body_mode"] = json!(body_mode);
             }
         }
         out.push(l);
