@@ -15,6 +15,10 @@ Which bytes come from where:
 - The `test_real_sglang_*` tests publish with SGLang's own `ZmqEventPublisher` and
   event classes (0.5.23 and 0.5.3, from the PyPI wheels: see engines.py).
 - `test_oversized_frame_*` speaks raw ZMTP over a socket.
+- `test_data_parallel_*` runs one `Publisher` per rank, bound where vLLM's and
+  SGLang's `offset_endpoint_port` put rank r (event and replay port + r);
+  `test_cpu_tier_*` offloads as vLLM's connector reports it (GPU `BlockRemoved`,
+  then `BlockStored` with `medium` "CPU" and no tokens; SGLang's "CPU_PINNED").
 - The `ic-content-v2` tests send vLLM 0.33's `lora_name` / `extra_keys` (shapes
   from its `kv_cache_utils.to_event_extra_keys`: untagged, the adapter name first,
   the salt on block 0 only) and SGLang 0.5.23's own `lora_name` / `cache_salt`; the
