@@ -15,6 +15,10 @@ Which bytes come from where:
 - The `test_real_sglang_*` tests publish with SGLang's own `ZmqEventPublisher` and
   event classes (0.5.23 and 0.5.3, from the PyPI wheels: see engines.py).
 - `test_oversized_frame_*` speaks raw ZMTP over a socket.
+- `test_data_parallel_*` runs one `Publisher` per rank, bound where vLLM's and
+  SGLang's `offset_endpoint_port` put rank r (event and replay port + r);
+  `test_cpu_tier_*` offloads as vLLM's connector reports it (GPU `BlockRemoved`,
+  then `BlockStored` with `medium` "CPU" and no tokens; SGLang's "CPU_PINNED").
 - The `ic-content-v2` tests send vLLM 0.33's `lora_name` / `extra_keys` (shapes
   from its `kv_cache_utils.to_event_extra_keys`: untagged, the adapter name first,
   the salt on block 0 only) and SGLang 0.5.23's own `lora_name` / `cache_salt`; the
@@ -143,12 +147,17 @@ def content_chain_v2(tokens, lora="", salt=""):
 class Publisher:
     """An engine's ZmqEventPublisher: PUB [topic, seq, payload] + replay ROUTER."""
 
-    def __init__(self, host: str, generation: str, shape: str = "current", topic: bytes = b""):
+    def __init__(self, host: str, generation: str, shape: str = "current", topic: bytes = b"",
+                 port: Optional[int] = None):
         self.ctx = zmq.Context.instance()
         self.shape = shape
         self.topic = topic
         self.pub = self.ctx.socket(zmq.PUB)
-        self.port = self.pub.bind_to_random_port(f"tcp://{host}")
+        if port is None:
+            self.port = self.pub.bind_to_random_port(f"tcp://{host}")
+        else:  # a data-parallel rank: the port is rank 0's + r
+            self.pub.bind(f"tcp://{host}:{port}")
+            self.port = port
         self.replay_port = None
         self.host = host
         self.seq = 0
@@ -191,8 +200,8 @@ class Publisher:
         return self.cls[1](block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
                            block_size=BLOCK, **kw)
 
-    def removed(self, hashes):
-        return self.cls[2](block_hashes=hashes)
+    def removed(self, hashes, **kw):
+        return self.cls[2](block_hashes=hashes, **kw)
 
     def cleared(self):
         return self.cls[3]()
@@ -215,7 +224,11 @@ class Publisher:
         self.pub.close(linger=0)
 
 
-def policy(scheme, upstreams, publishers, replay_port, external=None) -> str:
+def policy(scheme, upstreams, publishers, replay_port, external=None, policy_spec="",
+           backend_spec="", endpoint_spec=None) -> str:
+    """The stack's CRDs. `policy_spec` / `backend_spec` add lines to the
+    CachePolicy's / CacheBackend's spec, `endpoint_spec` (replica -> lines) to an
+    endpoint's (each line without indentation)."""
     eps = []
     for u in upstreams:
         p = publishers.get(u.replica_id)
@@ -224,8 +237,12 @@ def policy(scheme, upstreams, publishers, replay_port, external=None) -> str:
             line += f"\n      kvEventsEndpoint: tcp://{p.host}:{p.port}"
         elif external and u.replica_id in external:
             line += f"\n      kvEventsEndpoint: {external[u.replica_id]}"
+        for extra in (endpoint_spec or {}).get(u.replica_id, ()):
+            line += f"\n      {extra}"
         eps.append(line)
     endpoints = "\n".join(eps)
+    policy_spec = "".join(f"\n  {x}" for x in policy_spec.splitlines() if x)
+    backend_spec = "".join(f"\n  {x}" for x in backend_spec.splitlines() if x)
     return f"""apiVersion: inferencecache.io/v1alpha1
 kind: CacheTenant
 metadata: {{name: acme, namespace: team-a}}
@@ -236,7 +253,7 @@ apiVersion: inferencecache.io/v1alpha1
 kind: CachePolicy
 metadata: {{name: default, namespace: team-a}}
 spec:
-  affinityRouting: Enabled
+  affinityRouting: Enabled{policy_spec}
 ---
 apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
@@ -246,7 +263,7 @@ spec:
   modelID: {MODEL}
   hashScheme: {scheme}
   blockSize: {BLOCK}
-  kvEvents: {{replayPort: {replay_port}}}
+  kvEvents: {{replayPort: {replay_port}}}{backend_spec}
   endpoints:
 {endpoints}
 """
@@ -260,20 +277,45 @@ class KvStack:
     with a `Publisher` of ours (none when a real engine binds the replay port)."""
 
     def __init__(self, scheme="ic-content-v1", generation="array", shape="current",
-                 hosts=None, external=None, replay_port=None):
+                 hosts=None, external=None, replay_port=None, endpoint_ranks=None,
+                 backend_ranks=None, policy_spec=""):
+        """`endpoint_ranks` (replica -> n) declares data-parallel ranks on those
+        endpoints (`dataParallelSize`, and their own `kvReplayEndpoint`),
+        `backend_ranks` on the backend (`spec.dataParallelSize`, every replica):
+        rank r publishes on rank 0's port + r and replays on its replay port + r."""
         self.scheme = scheme
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-kv-"))
         self.upstreams = [Upstream(r) for r in ("replica-a", "replica-b", "replica-c")]
-        self.replay_port = replay_port or free_port()
         if hosts is None:
             hosts = {"replica-a": "127.0.0.1", "replica-b": "127.0.0.2"}
-        self.pubs = {r: Publisher(h, generation, shape) for r, h in hosts.items()}
-        for p in self.pubs.values():
-            p.start_replay(self.replay_port)
+        endpoint_ranks = endpoint_ranks or {}
+        count = {r: backend_ranks or endpoint_ranks.get(r, 1) for r in hosts}
+        self.replay_port = replay_port or free_ports(max(count.values(), default=1),
+                                                     list(hosts.values()) or ["127.0.0.1"])
+        self.ranks = {}  # replica -> its publishers, by rank
+        endpoint_spec = {}
+        for r, h in hosts.items():
+            if count[r] == 1:
+                self.ranks[r] = [Publisher(h, generation, shape)]
+                replay = self.replay_port
+            else:
+                base = free_ports(count[r], [h])
+                self.ranks[r] = [Publisher(h, generation, shape, port=base + i)
+                                 for i in range(count[r])]
+                replay = self.replay_port
+                if r in endpoint_ranks:  # the endpoint names its own replay socket
+                    replay = free_ports(count[r], [h])
+                    endpoint_spec[r] = [f"dataParallelSize: {count[r]}",
+                                        f"kvReplayEndpoint: tcp://{h}:{replay}"]
+            for i, p in enumerate(self.ranks[r]):
+                p.start_replay(replay + i)
+        self.pubs = {r: ps[0] for r, ps in self.ranks.items()}
         self.external = external or {}
         self.policy = self.workdir / "policy.yaml"
-        self.policy.write_text(policy(scheme, self.upstreams, self.pubs, self.replay_port,
-                                      self.external))
+        self.policy.write_text(policy(
+            scheme, self.upstreams, self.pubs, self.replay_port, self.external,
+            policy_spec=policy_spec, endpoint_spec=endpoint_spec,
+            backend_spec=f"dataParallelSize: {backend_ranks}" if backend_ranks else ""))
         self.grpc_port, self.admin_port = free_port(), free_port()
         self.ingest_port = free_port()
         self.admin = f"http://127.0.0.1:{self.admin_port}"
@@ -281,8 +323,9 @@ class KvStack:
         self.proc = None
         self.start_sidecar()
         self.envoy = Envoy(self.workdir, "override-host.yaml", self, self.upstreams)
-        for p in self.pubs.values():
-            self.warm_up(p)
+        for ps in self.ranks.values():
+            for p in ps:
+                self.warm_up(p)
 
     def start_sidecar(self):
         self.proc = subprocess.Popen(
@@ -354,11 +397,34 @@ class KvStack:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=10)
         self.log.close()
-        for p in self.pubs.values():
-            p.close()
+        for ps in self.ranks.values():
+            for p in ps:
+                p.close()
         for u in self.upstreams:
             u.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def free_ports(n, hosts) -> int:
+    """A port p with p .. p+n-1 free on every one of `hosts` (rank r uses p + r)."""
+    for _ in range(200):
+        p = free_port()
+        if p + n > 65536:
+            continue
+        held = []
+        try:
+            for h in hosts:
+                for q in range(p, p + n):
+                    sock = socket.socket()
+                    held.append(sock)
+                    sock.bind((h, q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no {n} consecutive free ports on {hosts}")
 
 
 def wait_quiet(check, timeout):
@@ -638,6 +704,146 @@ def test_lora_and_salt_blocks_match_only_requests_with_the_same_identity(generat
         assert r.getheader("x-inferencecache-reason") == "NO_HINT"
         assert "x-inferencecache-cache-salt appears more than once" in \
             r.getheader("x-inferencecache-detail")
+    finally:
+        s.close()
+
+
+# --- data-parallel ranks and memory tiers ------------------------------------
+
+def decision(s, chain):
+    """(reason, replica, score, matched tokens) of the debug echo."""
+    r = s.route_response(chain)
+    h = r.headers
+    assert h.get("x-served-by") == h.get("x-inferencecache-replica") or \
+        h.get("x-inferencecache-reason") != "PREFIX_MATCH", dict(h)
+    return (h.get("x-inferencecache-reason"), h.get("x-inferencecache-replica"),
+            h.get("x-inferencecache-score"), h.get("x-inferencecache-matched-tokens"))
+
+
+@pytest.mark.parametrize("level", ["endpoint", "backend"])
+def test_data_parallel_ranks_feed_one_replica(level):
+    """`dataParallelSize: 2` on replica-a's endpoint (with its own
+    `kvReplayEndpoint`) or on the backend (every replica, `kvEvents.replayPort`):
+    rank 0 publishes on the event port, rank 1 on port + 1 and replays on the
+    replay port + 1. Blocks either rank stores route to replica-a; a block both
+    ranks hold counts once; rank 1's AllBlocksCleared leaves rank 0's blocks; rank
+    1's gap and a sidecar restart are replayed from rank 1's own replay socket."""
+    if level == "endpoint":
+        s = KvStack(generation="map", endpoint_ranks={"replica-a": 2})
+    else:
+        s = KvStack(generation="map", backend_ranks=2)
+    try:
+        a0, a1 = s.ranks["replica-a"]
+        assert a1.port == a0.port + 1 and a1.replay_port == a0.replay_port + 1
+        assert s.metric("kv_events_subscribers") == (3 if level == "endpoint" else 4)
+        assert s.metric("kv_events_warm_starts", '{kind="exact"}') == \
+            s.metric("kv_events_subscribers"), "every rank warm-started from its replay port"
+        t1, t0, shared = tokens(200_000), tokens(210_000), tokens(220_000)
+        a1.send([a1.stored(list(range(1, 7)), None, t1)])
+        s.wait_count("replica-a", 6, "from rank 1")
+        assert decision(s, content_chain(t1))[:2] == ("PREFIX_MATCH", "replica-a")
+        a0.send([a0.stored(list(range(11, 17)), None, t0)])
+        s.wait_count("replica-a", 12, "from both ranks")
+        assert decision(s, content_chain(t0))[:2] == ("PREFIX_MATCH", "replica-a")
+        # The same prompt on both ranks (the same engine hashes): one entry each
+        # block (rank 1's extra block shows its batch was applied).
+        a0.send([a0.stored(list(range(21, 27)), None, shared)])
+        s.wait_count("replica-a", 18)
+        a1.send([a1.stored(list(range(21, 27)), None, shared),
+                 a1.stored([27], None, tokens(225_000, 1))])
+        s.wait_count("replica-a", 19, "a block two ranks hold counts once")
+        assert s.prefix_count("replica-b") == 0
+
+        # Rank 1 clears: its own blocks go, rank 0's (and the shared ones) stay.
+        a1.send([a1.cleared()])
+        s.wait_count("replica-a", 12, "after rank 1's AllBlocksCleared")
+        assert decision(s, content_chain(t1))[0] != "PREFIX_MATCH"
+        assert decision(s, content_chain(t0))[:2] == ("PREFIX_MATCH", "replica-a")
+        r = decision(s, content_chain(shared))
+        assert (r[0], r[1], r[3]) == ("PREFIX_MATCH", "replica-a", "96")
+        assert s.replica("replica-a")["prefixCount"] == 12
+
+        # Rank 1 loses a batch on the wire: replayed from replay port + 1.
+        t2 = tokens(230_000)
+        a1.send([a1.stored([31, 32, 33], None, t2[:48])], deliver=False)
+        a1.send([a1.stored([34, 35, 36], 33, t2[48:])])
+        s.wait_count("replica-a", 18, "after rank 1's gap replay")
+        assert s.metric("kv_events_gaps") == 1
+        assert s.metric("kv_events_replays", '{kind="ok"}') == 1
+        assert decision(s, content_chain(t2))[:2] == ("PREFIX_MATCH", "replica-a")
+
+        # The sidecar restarts while rank 1 keeps publishing: each rank's warm start
+        # reads its own buffer, and the index is what it was plus rank 1's batch.
+        before = s.snapshot()
+        s.stop_sidecar()
+        t3 = tokens(240_000)
+        a1.send([a1.stored(list(range(41, 47)), None, t3)])
+        s.start_sidecar()
+        s.wait_count("replica-a", 24, "after the warm start of both ranks")
+        after = s.snapshot()
+        assert after["totalEntries"] == before["totalEntries"] + 6
+        assert decision(s, content_chain(t3))[:2] == ("PREFIX_MATCH", "replica-a")
+        assert decision(s, content_chain(t0))[:2] == ("PREFIX_MATCH", "replica-a")
+        assert s.replica("replica-a")["kvEventsStale"] is False
+    finally:
+        s.close()
+
+
+def offload(pub, hashes, medium="CPU"):
+    """vLLM's offload of GPU blocks: BlockRemoved on GPU, then BlockStored on the
+    lower medium with no tokens (SGLang names host memory "CPU_PINNED")."""
+    return [pub.removed(hashes), pub.stored(hashes, None, [], medium=medium)]
+
+
+def test_cpu_tier_blocks_count_with_the_policy_weight():
+    """Blocks offloaded to CPU (vLLM's `medium: "CPU"`, SGLang's "CPU_PINNED")
+    are a match at the policy's `tierWeights.cpu`: a CPU-only prefix on replica-a
+    loses to the same prefix on replica-b's GPU, and wins when no replica has it
+    on GPU; the weight comes from the CachePolicy ("0" ignores the tier)."""
+    s = KvStack(generation="map", policy_spec='tierWeights: {cpu: "0.8"}')
+    try:
+        a, b = s.pubs["replica-a"], s.pubs["replica-b"]
+        p, q = tokens(300_000), tokens(310_000)
+        a.send([a.stored(list(range(1, 7)), None, p)] + offload(a, list(range(1, 7))))
+        a.send([a.stored(list(range(11, 17)), None, q)]
+               + offload(a, list(range(11, 17)), medium="CPU_PINNED"))
+        wait_until(lambda: decision(s, content_chain(q))[0] == "PREFIX_MATCH", timeout=5,
+                   what="the CPU blocks to be applied")
+        # Lower tiers do not count in prefixCount.
+        assert s.prefix_count("replica-a") == 0
+        # CPU-only on a, nothing elsewhere: a, at 0.8 of a GPU match. 3 replicas,
+        # one holder: d = 2/3 per block; 6 blocks x 2/3 x 0.8 = 3.2 (GPU: 4.0).
+        assert decision(s, content_chain(p)) == ("PREFIX_MATCH", "replica-a", "3.2000", "96")
+        assert decision(s, content_chain(q)) == ("PREFIX_MATCH", "replica-a", "3.2000", "96")
+        # The same prefix on b's GPU: b wins (two holders: 6 x 1/3 = 2.0 against
+        # a's 1.6).
+        b.send([b.stored(list(range(101, 107)), None, p)])
+        s.wait_count("replica-b", 6)
+        assert decision(s, content_chain(p)) == ("PREFIX_MATCH", "replica-b", "2.0000", "96")
+        # A run continues from GPU into CPU: a holds r's first 3 blocks on GPU and
+        # the last 3 on CPU: (3 + 3 x 0.8) x 2/3 = 3.6, all 96 tokens matched.
+        r = tokens(320_000)
+        a.send([a.stored(list(range(31, 37)), None, r)] + offload(a, list(range(34, 37))))
+        s.wait_count("replica-a", 3, "r's GPU blocks")
+        assert decision(s, content_chain(r)) == ("PREFIX_MATCH", "replica-a", "3.6000", "96")
+        # Evicted from CPU: a's q is gone, p stays on b.
+        a.send([a.removed(list(range(11, 17)), medium="CPU_PINNED")])
+        wait_until(lambda: decision(s, content_chain(q))[0] != "PREFIX_MATCH", timeout=5,
+                   what="the CPU removal to be applied")
+
+        # The weight is the policy's: 0.5 halves a's CPU-only score...
+        a.send([a.stored(list(range(21, 27)), None, q)] + offload(a, list(range(21, 27))))
+        wait_until(lambda: decision(s, content_chain(q))[2] == "3.2000", timeout=5,
+                   what="q back on a's CPU")
+        s.policy.write_text(s.policy.read_text().replace('cpu: "0.8"', 'cpu: "0.5"'))
+        wait_until(lambda: decision(s, content_chain(q)) ==
+                   ("PREFIX_MATCH", "replica-a", "2.0000", "96"), timeout=5,
+                   what="tierWeights.cpu 0.5 to apply")
+        # ... and "0" ignores the tier: no replica holds q.
+        s.policy.write_text(s.policy.read_text().replace('cpu: "0.5"', 'cpu: "0"'))
+        wait_until(lambda: decision(s, content_chain(q))[0] != "PREFIX_MATCH", timeout=5,
+                   what="tierWeights.cpu 0 to apply")
+        assert decision(s, content_chain(p))[:2] == ("PREFIX_MATCH", "replica-b")
     finally:
         s.close()
 

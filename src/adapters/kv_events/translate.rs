@@ -44,6 +44,7 @@
 //! reference like a GPU one.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 /// The maps' hasher: a lookup or two per block, so the default SipHash is a cost
 /// worth avoiding; foldhash is still seeded at random per process.
@@ -236,6 +237,8 @@ impl ReplicaChains {
         let extras = identity.map_or(&[][..], |i| i.extras.as_slice());
         let mut keys: SmallVec<[Extra<'_>; 4]> = SmallVec::new();
         let mut hashes = Vec::with_capacity(block_hashes.len());
+        // One growth for the whole event rather than one per threshold crossed.
+        self.own.reserve(block_hashes.len());
         for (i, (engine, tokens)) in block_hashes
             .iter()
             .zip(token_ids.chunks_exact(bs))
@@ -257,7 +260,17 @@ impl ReplicaChains {
                 identity: digest,
                 refs: 1,
             };
-            let slots = self.own.entry(*engine).or_default();
+            let slots = match self.own.entry(*engine) {
+                // The common case: an engine hash not seen before.
+                Entry::Vacant(v) => {
+                    v.insert(smallvec::smallvec![pos]);
+                    self.positions += 1;
+                    hashes.push(pos.value());
+                    own_parent = Some(content);
+                    continue;
+                }
+                Entry::Occupied(o) => o.into_mut(),
+            };
             match slots
                 .iter()
                 .position(|p| (p.content, p.identity) == (content, digest))

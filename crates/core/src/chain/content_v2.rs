@@ -115,15 +115,19 @@ pub fn identity_key(identity: Option<u64>, content: u64) -> u64 {
 /// `u8 has_parent · u64_le parent · u32_le n · n × u32_le token · u32_le k · k extras`,
 /// each extra a tag byte and its fields (strings and bytes length-prefixed, u32_le).
 pub fn block_value(parent: Option<u64>, tokens: &[u32], extras: &[Extra<'_>]) -> u64 {
+    const HEAD: usize = 1 + 8 + 4;
     let mut buf: SmallVec<[u8; 320]> = SmallVec::new();
-    buf.reserve(17 + tokens.len() * 4);
-    buf.push(u8::from(parent.is_some()));
-    buf.extend_from_slice(&parent.unwrap_or(0).to_le_bytes());
-    buf.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
+    // Sized once and written in place: per-token pushes cost a capacity check
+    // each, and this runs for every block an engine stores.
+    buf.resize(HEAD + tokens.len() * 4 + 4, 0);
+    buf[0] = u8::from(parent.is_some());
+    buf[1..9].copy_from_slice(&parent.unwrap_or(0).to_le_bytes());
+    buf[9..HEAD].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
+    let (body, count) = buf[HEAD..].split_at_mut(tokens.len() * 4);
+    for (dst, t) in body.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
     }
-    buf.extend_from_slice(&(extras.len() as u32).to_le_bytes());
+    count.copy_from_slice(&(extras.len() as u32).to_le_bytes());
     for e in extras {
         match *e {
             Extra::Mm { identifier, offset } => {

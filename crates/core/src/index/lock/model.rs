@@ -33,9 +33,6 @@ impl Primitives for Model {
     fn spin() {
         shuttle::thread::yield_now();
     }
-    fn yield_now() {
-        shuttle::thread::yield_now();
-    }
 }
 
 /// Gives up after two checks, so both the spin and the queue paths are taken.
