@@ -15,6 +15,7 @@
 //! [`SCAN_CHUNK`] slots. So a lookup waits behind one block of an event's writing,
 //! a bounded sweep batch, or one scan chunk, whatever the scope's size.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -29,7 +30,9 @@ use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
-use super::store::{Cursor, EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
+use super::store::{
+    Cursor, EntryKey, EntryKeyRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
+};
 use crate::scope::ScopeKey;
 
 /// How many keys a sweep removes per write-lock hold.
@@ -43,8 +46,9 @@ pub(crate) const SCAN_CHUNK: usize = 1024;
 /// ends sooner when a lookup is waiting.
 pub(crate) const WRITE_BATCH: usize = 16;
 
-/// How many blocks of an event are warmed per read-lock hold.
-const WARM_BATCH: usize = 64;
+/// How many blocks of an event are looked up per read-lock hold before they are
+/// written (see `ScopeIndex::write_planned`).
+const PLAN_BATCH: usize = 64;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,37 +281,49 @@ impl ScopeIndex {
         }
     }
 
-    /// Touches a batch's table entries under the read lock, which lookups share,
-    /// so the write lock that follows finds them in cache and is held for less
-    /// time: a lookup waits behind a writer's batch, not behind its cache misses.
-    fn warm(&self, hashes: &[u64]) {
-        let store = self.read();
-        for &h in hashes {
-            std::hint::black_box(store.block(h));
-        }
-    }
-
-    /// Runs `step(store, i)` for every `i` in `0..hashes.len()` under the write
-    /// lock. Each [`WARM_BATCH`] of `hashes` is warmed first; a hold covers at
-    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as
-    /// a lookup waits for the lock (unless the writer had to queue for it).
-    fn write_in_holds(&self, hashes: &[u64], mut step: impl FnMut(&mut Store, usize)) {
-        let mut i = 0;
-        for warm in hashes.chunks(WARM_BATCH) {
-            self.warm(warm);
-            let end = i + warm.len();
-            while i < end {
+    /// Runs `step(store, i, plan)` for every `i` in `0..hashes.len()` under the
+    /// write lock, where `plan` is what `plan(store, hash)` found for block `i`
+    /// under the read lock (which lookups share), [`PLAN_BATCH`] blocks at a
+    /// time: the exclusive hold then does no table lookup it can do without, and
+    /// finds the table's lines in cache. Before each hold `prepare(plans)` may
+    /// allocate what the hold will need (with the plans of the blocks left in the
+    /// batch), so the hold does not wait on the allocator either. A hold covers at
+    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as a
+    /// lookup waits for the lock (unless the writer had to queue for it); runs
+    /// emptied in it are dropped after it.
+    fn write_planned<P: Copy>(
+        &self,
+        hashes: &[u64],
+        plan: impl Fn(&Store, u64) -> P,
+        mut prepare: impl FnMut(usize, &[P]),
+        mut step: impl FnMut(&mut Store, usize, P),
+    ) {
+        let mut plans: SmallVec<[P; PLAN_BATCH]> = SmallVec::new();
+        let mut base = 0;
+        for batch in hashes.chunks(PLAN_BATCH) {
+            plans.clear();
+            {
+                let store = self.read();
+                plans.extend(batch.iter().map(|&h| plan(&store, h)));
+            }
+            let mut j = 0;
+            while j < batch.len() {
+                prepare(base + j, &plans[j..]);
                 let (mut store, turn) = self.store.0.write_in_turn();
                 let yielding = turn == Turn::Opening;
-                let stop = end.min(i + WRITE_BATCH);
+                let stop = batch.len().min(j + WRITE_BATCH);
                 loop {
-                    step(&mut store, i);
-                    i += 1;
-                    if i == stop || (yielding && self.store.0.readers_waiting()) {
+                    step(&mut store, base + j, plans[j]);
+                    j += 1;
+                    if j == stop || (yielding && self.store.0.readers_waiting()) {
                         break;
                     }
                 }
+                let retired = store.take_retired();
+                drop(store);
+                drop(retired);
             }
+            base += batch.len();
         }
     }
 
@@ -322,16 +338,43 @@ impl ScopeIndex {
         stamp_of: impl Fn(usize) -> u64,
     ) -> u64 {
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
-        let mut prev = parent;
-        self.write_in_holds(hashes, |store, i| {
-            let h = hashes[i];
-            let stamp = stamp_of(i);
-            newest = newest.max(stamp);
-            let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
-            created += u64::from(stored.created);
-            newly_held += u64::from(stored.newly_held);
-            prev = Some(h);
-        });
+        let mut prev: Option<Loc> = None;
+        // A fresh run's vector, allocated off the lock when a hold may need one.
+        let spare: Cell<Option<Vec<Slot>>> = Cell::new(None);
+        self.write_planned(
+            hashes,
+            Store::plan_store,
+            |i, plans| {
+                let mut s = spare.take();
+                // Sized like the run the first new block would start.
+                if s.is_none()
+                    && let Some(first) = plans.iter().position(Planned::is_new)
+                {
+                    s = Some(Vec::with_capacity(hashes.len() - i - first));
+                }
+                spare.set(s);
+            },
+            |store, i, planned| {
+                if i == 0 {
+                    prev = parent.and_then(|p| store.loc_of(p));
+                }
+                let stamp = stamp_of(i);
+                newest = newest.max(stamp);
+                let mut run = spare.take();
+                let stored = store.store_planned(
+                    hashes[i],
+                    planned,
+                    &mut prev,
+                    slot,
+                    stamp,
+                    hashes.len() - i,
+                    &mut run,
+                );
+                spare.set(run);
+                created += u64::from(stored.created);
+                newly_held += u64::from(stored.newly_held);
+            },
+        );
         self.add_entries(created);
         live.add_prefixes(newly_held);
         self.note_store(newest);
@@ -390,20 +433,25 @@ impl ScopeIndex {
     /// Drops one reference of `slot` on each block. Returns the entries removed
     /// because their last holder went.
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
-        let (mut removed, mut released) = (0u64, 0u64);
-        self.write_in_holds(hashes, |store, i| {
-            let key = EntryKey::Block(hashes[i]);
-            let Some(e) = store.get_mut(&key) else {
-                return;
-            };
-            if e.holders.release(slot) == Release::Released {
-                released += 1;
-                if e.holders.is_empty() {
-                    store.take(&key);
-                    removed += 1;
-                }
-            }
-        });
+        let (mut removed, mut released, mut sparse) = (0u64, 0u64, false);
+        self.write_planned(
+            hashes,
+            Store::plan_removal,
+            |_, _| {},
+            |store, i, planned| {
+                let (release, gone) = store.release_planned(hashes[i], planned, slot);
+                released += u64::from(release == Release::Released);
+                removed += u64::from(gone);
+                sparse |= gone && store.has_sparse();
+            },
+        );
+        // Runs this event left mostly vacant (rather than empty) are compacted now.
+        if sparse {
+            let mut store = self.write();
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
+        }
         self.sub_entries(removed);
         live.sub_prefixes(released);
         removed
@@ -440,6 +488,9 @@ impl ScopeIndex {
                     removed += 1;
                 }
             }
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
         }
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
@@ -448,7 +499,14 @@ impl ScopeIndex {
 
     /// Removes a whole entry, whoever holds it. Returns false when it was gone.
     pub(crate) fn evict(&self, key: &EntryKey) -> bool {
-        let taken = self.write().take(key);
+        let taken = {
+            let mut store = self.write();
+            let taken = store.take(key);
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
+            taken
+        };
         let Some(holders) = taken else { return false };
         self.release_holders(&holders);
         self.sub_entries(1);
@@ -475,6 +533,9 @@ impl ScopeIndex {
                         taken.push(h);
                     }
                 }
+                let emptied = store.settle();
+                drop(store);
+                drop(emptied);
             }
             for h in &taken {
                 self.release_holders(h);
