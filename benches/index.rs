@@ -15,6 +15,8 @@
 //! memory interference); IC_BENCH_TIERS=1 adds one CPU-tier block to the scope
 //! (lookups then take the tiered walk); IC_BENCH_LOAD=disabled runs the decision with
 //! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
+//! The CPU-time row gives the write rates per CPU-second of the writing thread
+//! (Linux schedstat), which leaves out waits for a core on a shared host.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -93,6 +95,28 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time this thread has run, in ns (Linux `schedstat`; None elsewhere). Rates
+/// per CPU-second leave out the time a thread waited for a core, which on a
+/// shared host is most of the noise in the wall-clock rates.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `n` per second of `from..to` CPU time, if both were read.
+fn per_cpu_sec(n: f64, from: Option<u64>, to: Option<u64>) -> Option<f64> {
+    let ns = to?.checked_sub(from?)?;
+    (ns > 0).then(|| n / (ns as f64 / 1e9))
+}
+
+fn millions(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "n/a".to_string(), |r| format!("{:.2}M", r / 1e6))
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -158,6 +182,7 @@ fn main() {
 
     // Insert.
     let rss_before = rss_bytes();
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     for (s, ev) in events.iter().enumerate() {
         let r = owner[s];
@@ -170,6 +195,7 @@ fn main() {
         black_box(router.ingest(&batch, now).ok());
     }
     let insert_secs = start.elapsed().as_secs_f64();
+    let insert_cpu = per_cpu_sec((SEQUENCES * BLOCKS) as f64, cpu, thread_cpu_ns());
     let rss_after = rss_bytes();
     // IC_BENCH_TIERS=1: one CPU-tier block elsewhere in the scope, so every lookup
     // takes the tiered walk (same answers: the chains are on GPU).
@@ -298,6 +324,7 @@ fn main() {
         let (router, stop, written) = (router.clone(), stop.clone(), written.clone());
         let ids = ids.clone();
         std::thread::spawn(move || {
+            let cpu = thread_cpu_ns();
             let mut rng = Rng(7);
             let mut n = 0usize;
             let scope = if std::env::var("IC_BENCH_WRITER_OTHER_SCOPE").is_ok() {
@@ -331,13 +358,15 @@ fn main() {
                 written.fetch_add((BLOCKS + BLOCKS - SHARED) as u64, Ordering::Relaxed);
                 n += 1;
             }
+            let blocks = (n * (BLOCKS + BLOCKS - SHARED)) as f64;
+            per_cpu_sec(blocks, cpu, thread_cpu_ns())
         })
     };
     let start = Instant::now();
     let busy = timed(&router);
     let busy_secs = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let _ = writer.join();
+    let writer_cpu = writer.join().ok().flatten();
     let writer_rate = written.load(Ordering::Relaxed) as f64 / busy_secs;
 
     // Remove: unique tails (tail first) of random sequences until 10% of blocks are gone.
@@ -356,6 +385,7 @@ fn main() {
         removals.push((owner[s], [IndexEvent::Removed { hashes: tail }]));
     }
     let entries_before = router.index().total_entries();
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     for (r, ev) in &removals {
         let batch = IngestBatch {
@@ -367,6 +397,7 @@ fn main() {
         black_box(router.ingest(&batch, now).ok());
     }
     let remove_secs = start.elapsed().as_secs_f64();
+    let remove_cpu = per_cpu_sec(planned as f64, cpu, thread_cpu_ns());
     let entries_after = router.index().total_entries();
 
     // Decisions while maintenance removes a 1M-entry replica from the same scope:
@@ -502,6 +533,12 @@ fn main() {
         percentile(&busy, 0.5),
         percentile(&busy, 0.99),
         writer_rate / 1e6
+    );
+    println!(
+        "| (CPU time) insert / writer meanwhile / remove, blocks per CPU-second of the thread | {} / {} / {} |",
+        millions(insert_cpu),
+        millions(writer_cpu),
+        millions(remove_cpu)
     );
     println!(
         "| remove blocks/s | {:.2}M ({} entries removed) |",

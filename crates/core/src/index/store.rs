@@ -413,6 +413,8 @@ impl Store {
                 self.retired.push(run);
             }
             self.free_runs.push(loc.run);
+            // Freed before it was compacted (a few entries at most).
+            self.sparse.retain(|&r| r != loc.run);
         } else if Self::is_sparse(run) && !Self::is_sparse_with(run.live + 1, run.slots.len()) {
             // Just crossed the line; compacted by `settle`, once the writer's
             // removals are done (an event that empties the run frees it instead).
