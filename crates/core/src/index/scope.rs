@@ -24,14 +24,14 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
-use super::entry::{Entry, Holders, Release, split_slot, tier_slot};
+use super::entry::{Entry, Release, split_slot, tier_slot};
 use super::event::Tier;
 use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{
-    Cursor, EntryKey, EntryKeyRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
+    Cursor, EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
 };
 use crate::scope::ScopeKey;
 
@@ -273,9 +273,9 @@ impl ScopeIndex {
     }
 
     /// Lowers the prefix counts of every holder of a removed entry.
-    fn release_holders(&self, holders: &Holders) {
+    fn release_holders(&self, holders: &[u32]) {
         let table = self.table.load();
-        for slot in holders.slots() {
+        for &slot in holders {
             if let Some(r) = table.get(slot) {
                 r.live.sub_prefixes(1);
             }
@@ -398,7 +398,8 @@ impl ScopeIndex {
         token_count: u32,
         stamp: u64,
     ) -> bool {
-        let mut store = self.write();
+        let mut guard = self.write();
+        let store = &mut *guard;
         let (created, newly_held) = match key {
             EntryKey::Block(h) => {
                 let s = store.store_block(*h, prev, slot, stamp, 1);
@@ -410,7 +411,7 @@ impl ScopeIndex {
                     if token_count > 0 {
                         pe.token_count = token_count;
                     }
-                    (false, pe.entry.holders.add(slot))
+                    (false, pe.entry.holders.add(&mut store.lists, slot))
                 }
                 None => {
                     store.prefixes.insert(
@@ -424,7 +425,7 @@ impl ScopeIndex {
                 }
             },
         };
-        drop(store);
+        drop(guard);
         self.add_entries(u64::from(created));
         live.add_prefixes(u64::from(newly_held));
         self.note_store(stamp);
@@ -467,7 +468,8 @@ impl ScopeIndex {
         let tiers = [Tier::Cpu, Tier::Disk].map(|t| tier_slot(slot, t));
         let lower = self.has_lower_tiers();
         self.scan(|k, e| {
-            if e.holders.contains(slot) || (lower && tiers.iter().any(|&t| e.holders.contains(t))) {
+            let holders = e.holders();
+            if holders.contains(slot) || (lower && tiers.iter().any(|&t| holders.contains(t))) {
                 keys.push(k.to_owned());
             }
         });
@@ -475,16 +477,16 @@ impl ScopeIndex {
         for batch in keys.chunks(SWEEP_BATCH) {
             let mut store = self.write();
             for key in batch {
-                let Some(e) = store.get_mut(key) else {
+                let Some((holders, lists)) = store.holders_mut(key) else {
                     continue;
                 };
-                let mut held = e.holders.remove_all(slot);
+                let mut held = holders.remove_all(lists, slot);
                 if lower {
                     for &t in &tiers {
-                        held |= e.holders.remove_all(t);
+                        held |= holders.remove_all(lists, t);
                     }
                 }
-                if held && e.holders.is_empty() {
+                if held && holders.is_empty() {
                     store.take(key);
                     removed += 1;
                 }
@@ -550,7 +552,7 @@ impl ScopeIndex {
     /// Visits every entry, [`SCAN_CHUNK`] slots per read-lock hold (sweep
     /// candidates, clears, victim rescans). The caller holds the tenant's writer
     /// lock, so the store's layout cannot change between chunks (see `Cursor`).
-    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
+    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, EntryRef<'_>)) {
         let mut cursor = Cursor::default();
         loop {
             let more = self.read().visit(&mut cursor, SCAN_CHUNK, &mut f);
@@ -672,7 +674,7 @@ impl ScopeIndex {
                 return false;
             }
             // Only GPU holders in slots 0..64 (most entries): one mask test each.
-            if let Some(mask) = e.holders.low_mask() {
+            if let Some(mask) = e.holders().low_mask() {
                 alive.retain(|m| {
                     let held = mask & (1u64 << (members[*m as usize] % 64)) != 0
                         && members[*m as usize] < 64;
@@ -683,7 +685,7 @@ impl ScopeIndex {
                 });
                 return !alive.is_empty();
             }
-            for holder in e.holders.slots() {
+            for holder in e.holders().slots() {
                 let (slot, code) = split_slot(holder);
                 let w = weights.get(code as usize).copied().unwrap_or(0.0);
                 match member_of.get(slot as usize) {
@@ -706,7 +708,7 @@ impl ScopeIndex {
                 w > 0.0
             });
             // Holders that were not alive leave their weight behind: clear it.
-            for holder in e.holders.slots() {
+            for holder in e.holders().slots() {
                 if let Some(&m) = member_of.get(split_slot(holder).0 as usize)
                     && m > 0
                 {
@@ -744,6 +746,7 @@ impl ScopeIndex {
             out.holders.extend(
                 pe.entry
                     .holders
+                    .with(&store.lists)
                     .slots()
                     .filter_map(|s| serving.member_of(s))
                     .map(|m| m as u16),
@@ -827,7 +830,7 @@ mod tests {
         assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 70);
         scope.store.0.set_waiting(0);
         assert_eq!(live.prefix_count(), 70);
-        let end = scope.read().walk(&chain, |_, e| e.holders.contains(0));
+        let end = scope.read().walk(&chain, |_, e| e.holders().contains(0));
         assert_eq!(end, 70);
         scope.store.0.set_waiting(1);
         assert_eq!(scope.remove_blocks(0, &live, &chain[10..]), 60);

@@ -22,7 +22,9 @@ use std::hash::BuildHasher;
 
 use hashbrown::{HashMap, HashTable};
 
-use super::entry::{Entry, Holders, Release};
+use smallvec::SmallVec;
+
+use super::entry::{Entry, HolderLists, Holders, HoldersRef, Release};
 
 pub(crate) type Hasher64 = foldhash::fast::RandomState;
 
@@ -43,6 +45,28 @@ pub(crate) struct Slot {
 impl Slot {
     fn is_live(&self) -> bool {
         !self.entry.holders.is_empty()
+    }
+}
+
+/// An entry as readers see it: its fields, and its holders resolved against the
+/// store's lists.
+#[derive(Clone, Copy)]
+pub(crate) struct EntryRef<'a> {
+    entry: &'a Entry,
+    lists: &'a HolderLists,
+}
+
+impl<'a> EntryRef<'a> {
+    #[inline]
+    pub fn holders(&self) -> HoldersRef<'a> {
+        self.entry.holders.with(self.lists)
+    }
+}
+
+impl std::ops::Deref for EntryRef<'_> {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        self.entry
     }
 }
 
@@ -104,6 +128,8 @@ pub(crate) struct Store {
     /// Runs that became mostly vacant, to compact in [`Store::settle`].
     sparse: Vec<u32>,
     pub prefixes: HashMap<Box<str>, PrefixEntry, Hasher64>,
+    /// The holder lists of entries held by several replicas (blocks and prefixes).
+    pub lists: HolderLists,
 }
 
 impl Store {
@@ -131,14 +157,6 @@ impl Store {
             .get(loc.off as usize)
     }
 
-    fn slot_mut(&mut self, loc: Loc) -> Option<&mut Slot> {
-        self.runs
-            .get_mut(loc.run as usize)?
-            .as_mut()?
-            .slots
-            .get_mut(loc.off as usize)
-    }
-
     /// The entry of a block hash.
     pub fn block(&self, hash: u64) -> Option<&Entry> {
         let loc = self.loc_of(hash)?;
@@ -152,21 +170,29 @@ impl Store {
         }
     }
 
-    pub fn get_mut(&mut self, key: &EntryKey) -> Option<&mut Entry> {
-        match key {
+    /// An entry's holders, to change, with the lists they may spill to.
+    pub fn holders_mut(&mut self, key: &EntryKey) -> Option<(&mut Holders, &mut HolderLists)> {
+        let holders = match key {
             EntryKey::Block(h) => {
                 let loc = self.loc_of(*h)?;
-                self.slot_mut(loc).map(|s| &mut s.entry)
+                let slot = self
+                    .runs
+                    .get_mut(loc.run as usize)?
+                    .as_mut()?
+                    .slots
+                    .get_mut(loc.off as usize)?;
+                &mut slot.entry.holders
             }
-            EntryKey::Prefix(p) => self.prefixes.get_mut(&**p).map(|p| &mut p.entry),
-        }
+            EntryKey::Prefix(p) => &mut self.prefixes.get_mut(&**p)?.entry.holders,
+        };
+        Some((holders, &mut self.lists))
     }
 
     /// Walks a chain: calls `visit(i, entry)` for each block while it exists,
     /// and stops at the first absent block or when `visit` returns false.
     /// Returns the index where the walk stopped.
     #[inline]
-    pub fn walk(&self, chain: &[u64], mut visit: impl FnMut(usize, &Entry) -> bool) -> usize {
+    pub fn walk(&self, chain: &[u64], mut visit: impl FnMut(usize, EntryRef<'_>) -> bool) -> usize {
         // The current run's slots and the offset of the last block found in it.
         let (mut run, mut off): (&[Slot], usize) = (&[], 0);
         for (i, &h) in chain.iter().enumerate() {
@@ -188,7 +214,11 @@ impl Store {
                     s
                 }
             };
-            if !visit(i, &slot.entry) {
+            let e = EntryRef {
+                entry: &slot.entry,
+                lists: &self.lists,
+            };
+            if !visit(i, e) {
                 return i;
             }
         }
@@ -335,14 +365,19 @@ impl Store {
     /// One more reference to an existing block.
     fn hold_at(&mut self, loc: Loc, prev: &mut Option<Loc>, holder: u32, stamp: u64) -> Stored {
         *prev = Some(loc);
-        let Some(s) = self.slot_mut(loc) else {
+        let Some(s) = self
+            .runs
+            .get_mut(loc.run as usize)
+            .and_then(Option::as_mut)
+            .and_then(|r| r.slots.get_mut(loc.off as usize))
+        else {
             return Stored {
                 created: false,
                 newly_held: false,
             };
         };
         s.entry.last_seen = s.entry.last_seen.max(stamp);
-        let newly_held = s.entry.holders.add(holder);
+        let newly_held = s.entry.holders.add(&mut self.lists, holder);
         Stored {
             created: false,
             newly_held,
@@ -366,10 +401,15 @@ impl Store {
         }) else {
             return (Release::NotHeld, false);
         };
-        let Some(slot) = self.slot_mut(loc) else {
+        let Some(slot) = self
+            .runs
+            .get_mut(loc.run as usize)
+            .and_then(Option::as_mut)
+            .and_then(|r| r.slots.get_mut(loc.off as usize))
+        else {
             return (Release::NotHeld, false);
         };
-        let released = slot.entry.holders.release(holder);
+        let released = slot.entry.holders.release(&mut self.lists, holder);
         if released != Release::Released || !slot.entry.holders.is_empty() {
             return (released, false);
         }
@@ -380,20 +420,28 @@ impl Store {
         (released, true)
     }
 
-    /// Removes a whole entry, returning its holders.
-    pub fn take(&mut self, key: &EntryKey) -> Option<Holders> {
+    /// Removes a whole entry, returning the slots that held it.
+    pub fn take(&mut self, key: &EntryKey) -> Option<SmallVec<[u32; 4]>> {
         match key {
             EntryKey::Block(h) => self.take_block(*h),
-            EntryKey::Prefix(p) => self.prefixes.remove(&**p).map(|p| p.entry.holders),
+            EntryKey::Prefix(p) => self
+                .prefixes
+                .remove(&**p)
+                .map(|mut p| p.entry.holders.take(&mut self.lists)),
         }
     }
 
-    fn take_block(&mut self, block: u64) -> Option<Holders> {
+    fn take_block(&mut self, block: u64) -> Option<SmallVec<[u32; 4]>> {
         let hash = self.table_hash(block);
         let entry = self.blocks.find_entry(hash, |e| e.0 == block).ok()?;
         let ((_, loc), _) = entry.remove();
-        let slot = self.slot_mut(loc)?;
-        let holders = std::mem::replace(&mut slot.entry.holders, Holders::vacant());
+        let slot = self
+            .runs
+            .get_mut(loc.run as usize)?
+            .as_mut()?
+            .slots
+            .get_mut(loc.off as usize)?;
+        let holders = slot.entry.holders.take(&mut self.lists);
         self.vacate(loc);
         Some(holders)
     }
@@ -405,7 +453,12 @@ impl Store {
             return;
         };
         if let Some(slot) = run.slots.get_mut(loc.off as usize) {
-            slot.entry.holders = Holders::vacant();
+            // Emptied already, unless a caller vacates a slot still held.
+            if slot.entry.holders.is_empty() {
+                slot.entry.holders = Holders::vacant();
+            } else {
+                slot.entry.holders.take(&mut self.lists);
+            }
         }
         run.live = run.live.saturating_sub(1);
         if run.live == 0 {
@@ -488,7 +541,7 @@ impl Store {
         &self,
         cursor: &mut Cursor,
         budget: usize,
-        f: &mut impl FnMut(EntryKeyRef<'_>, &Entry),
+        f: &mut impl FnMut(EntryKeyRef<'_>, EntryRef<'_>),
     ) -> bool {
         let mut left = budget;
         while cursor.run < self.runs.len() {
@@ -504,7 +557,11 @@ impl Store {
                 let s = &run.slots[cursor.off];
                 cursor.off += 1;
                 if s.is_live() {
-                    f(EntryKeyRef::Block(s.hash), &s.entry);
+                    let e = EntryRef {
+                        entry: &s.entry,
+                        lists: &self.lists,
+                    };
+                    f(EntryKeyRef::Block(s.hash), e);
                 }
             }
             cursor.run += 1;
@@ -520,7 +577,11 @@ impl Store {
             left -= 1;
             if let Some((p, e)) = rest.next() {
                 cursor.prefix += 1;
-                f(EntryKeyRef::Prefix(p), &e.entry);
+                let e = EntryRef {
+                    entry: &e.entry,
+                    lists: &self.lists,
+                };
+                f(EntryKeyRef::Prefix(p), e);
             }
         }
         false
@@ -596,6 +657,11 @@ mod tests {
             s.store_block(h, prev, holder, 1, hashes.len() - i);
             prev = Some(h);
         }
+    }
+
+    #[test]
+    fn a_stored_block_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
     }
 
     #[test]
