@@ -10,7 +10,8 @@
 //! each remove a 1M-entry replica from the scope being looked up.
 //!
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
-//! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
+//! repeats one lookup N times (for a profiler); IC_BENCH_PROFILE_MIXED=N makes N
+//! mixed decisions and N writer iterations on one thread (for callgrind); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
 //! the concurrent writer write to another scope (separates lock contention from
 //! memory interference); IC_BENCH_TIERS=1 adds one CPU-tier block to the scope
 //! (lookups then take the tiered walk); IC_BENCH_LOAD=disabled runs the decision with
@@ -123,6 +124,32 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i] as f64 / 1000.0
+}
+
+/// One iteration of the concurrent writer: a new sequence stored on `replica`
+/// (its 16 shared blocks already in the index), then its unique tail removed.
+fn write_once(router: &Router, scope: ScopeRef<'_>, replica: &str, seq: usize, now: Timestamp) {
+    let hashes = sequence(seq, 99);
+    let stored = [IndexEvent::Stored {
+        parent: None,
+        hashes: hashes.clone(),
+        token_counts: Vec::new(),
+    }];
+    let batch = IngestBatch {
+        scope,
+        replica_id: replica,
+        endpoint: "",
+        events: &stored,
+    };
+    let _ = router.ingest(&batch, now);
+    let removed = [IndexEvent::Removed {
+        hashes: hashes[SHARED..].to_vec(),
+    }];
+    let batch = IngestBatch {
+        events: &removed,
+        ..batch
+    };
+    let _ = router.ingest(&batch, now);
 }
 
 fn replica_id(r: usize) -> String {
@@ -248,6 +275,32 @@ fn main() {
         return;
     }
 
+    // Profiling aid: IC_BENCH_PROFILE_MIXED=N makes the first N decisions (the
+    // mixed, mostly cold queries) and then N iterations of the writer below (a
+    // sequence stored, its unique tail removed) on this thread, and exits: under
+    // `valgrind --tool=callgrind --cache-sim=yes` that gives instructions and
+    // simulated cache misses per decision and per written block, which this
+    // noisy host's clocks cannot.
+    if let Some(n) = std::env::var("IC_BENCH_PROFILE_MIXED")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        for (chain, _, _) in queries.iter().take(n) {
+            black_box(router.lookup(&request(chain, &counts), now));
+        }
+        let mut rng = Rng(7);
+        for i in 0..n {
+            write_once(
+                &router,
+                scope,
+                &ids[rng.below(REPLICAS)],
+                SEQUENCES + i,
+                now,
+            );
+        }
+        return;
+    }
+
     // Correctness.
     let mut wrong = 0usize;
     for (chain, exact_owner, group) in &queries {
@@ -333,28 +386,13 @@ fn main() {
                 scope
             };
             while !stop.load(Ordering::Relaxed) {
-                let hashes = sequence(SEQUENCES + n, 99);
-                let r = rng.below(REPLICAS);
-                let stored = [IndexEvent::Stored {
-                    parent: None,
-                    hashes: hashes.clone(),
-                    token_counts: Vec::new(),
-                }];
-                let batch = IngestBatch {
+                write_once(
+                    &router,
                     scope,
-                    replica_id: &ids[r],
-                    endpoint: "",
-                    events: &stored,
-                };
-                let _ = router.ingest(&batch, now);
-                let removed = [IndexEvent::Removed {
-                    hashes: hashes[SHARED..].to_vec(),
-                }];
-                let batch = IngestBatch {
-                    events: &removed,
-                    ..batch
-                };
-                let _ = router.ingest(&batch, now);
+                    &ids[rng.below(REPLICAS)],
+                    SEQUENCES + n,
+                    now,
+                );
                 written.fetch_add((BLOCKS + BLOCKS - SHARED) as u64, Ordering::Relaxed);
                 n += 1;
             }

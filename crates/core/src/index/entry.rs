@@ -206,16 +206,19 @@ impl Holders {
     /// Adds one reference; returns true when the replica newly holds the entry.
     pub fn add(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
         match self.0 {
-            Holder { slot: SPILLED, refs } => {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
                 let Some(v) = lists.get_mut(refs) else {
                     return false;
                 };
                 // A slot 0..64 missing from the mask is not in the list.
-                if slot >= 64 || v.mask & (1 << slot) != 0 {
-                    if let Some(h) = v.list.iter_mut().find(|h| h.slot == slot) {
-                        h.refs = h.refs.saturating_add(1);
-                        return false;
-                    }
+                if (slot >= 64 || v.mask & (1 << slot) != 0)
+                    && let Some(h) = v.list.iter_mut().find(|h| h.slot == slot)
+                {
+                    h.refs = h.refs.saturating_add(1);
+                    return false;
                 }
                 v.list.push(Holder { slot, refs: 1 });
                 if slot < 64 {
@@ -250,7 +253,10 @@ impl Holders {
     /// [`Holders::is_empty`] says so.
     pub fn release(&mut self, lists: &mut HolderLists, slot: u32) -> Release {
         match self.0 {
-            Holder { slot: SPILLED, refs } => {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
                 let Some(v) = lists.get_mut(refs) else {
                     return Release::NotHeld;
                 };
@@ -281,7 +287,10 @@ impl Holders {
     /// Removes `slot` whatever its count; returns whether it held the entry.
     pub fn remove_all(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
         match self.0 {
-            Holder { slot: SPILLED, refs } => {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
                 let Some(v) = lists.get_mut(refs) else {
                     return false;
                 };
@@ -311,9 +320,10 @@ impl Holders {
     /// slots that held it.
     pub fn take(&mut self, lists: &mut HolderLists) -> SmallVec<[u32; 4]> {
         let out = match self.0 {
-            Holder { slot: SPILLED, refs } => {
-                lists.release(refs).list.iter().map(|h| h.slot).collect()
-            }
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => lists.release(refs).list.iter().map(|h| h.slot).collect(),
             Holder { refs: 0, .. } => SmallVec::new(),
             Holder { slot, .. } => SmallVec::from_elem(slot, 1),
         };
@@ -323,7 +333,10 @@ impl Holders {
 
     /// Goes back inline when one holder is left.
     fn shrink(&mut self, lists: &mut HolderLists) {
-        if let Holder { slot: SPILLED, refs } = self.0
+        if let Holder {
+            slot: SPILLED,
+            refs,
+        } = self.0
             && lists.get(refs).is_some_and(|v| v.list.len() == 1)
         {
             let one = lists.release(refs).list[0];
@@ -392,7 +405,10 @@ mod tests {
         assert_eq!(h.with(&lists).len(), 2);
         assert_eq!(h.with(&lists).low_mask(), Some(0b110));
         assert!(h.add(&mut lists, 70));
-        assert!(!h.add(&mut lists, 70), "a second reference, not a new holder");
+        assert!(
+            !h.add(&mut lists, 70),
+            "a second reference, not a new holder"
+        );
         assert_eq!(h.with(&lists).low_mask(), None);
         assert!(h.remove_all(&mut lists, 70));
         assert_eq!(h.release(&mut lists, 1), Release::StillHeld);

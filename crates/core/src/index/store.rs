@@ -313,17 +313,17 @@ impl Store {
             _ => u32::MAX,
         };
         let hasher = &self.hasher;
-        let vacant = match self.blocks.entry(
-            planned.hash,
-            |e| e.0 == block,
-            |e| hasher.hash_one(e.0),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(o) => {
-                let loc = o.get().1;
-                return self.hold_at(loc, prev, holder, stamp);
-            }
-            hashbrown::hash_table::Entry::Vacant(v) => v,
-        };
+        let vacant =
+            match self
+                .blocks
+                .entry(planned.hash, |e| e.0 == block, |e| hasher.hash_one(e.0))
+            {
+                hashbrown::hash_table::Entry::Occupied(o) => {
+                    let loc = o.get().1;
+                    return self.hold_at(loc, prev, holder, stamp);
+                }
+                hashbrown::hash_table::Entry::Vacant(v) => v,
+            };
         let run_id = if run_id == u32::MAX {
             // A fresh run: its index is only known once a slot is free or pushed,
             // so claim it with the entry still vacant (the table is borrowed).
@@ -395,10 +395,13 @@ impl Store {
     ) -> (Release, bool) {
         // The bucket still holds the block unless this event removed it already
         // (only an insertion could give the bucket to another key).
-        let Some((bucket, loc)) = planned.bucket.and_then(|b| match self.blocks.get_bucket(b) {
-            Some(&(h, loc)) if h == block => Some((b, loc)),
-            _ => None,
-        }) else {
+        let Some((bucket, loc)) = planned
+            .bucket
+            .and_then(|b| match self.blocks.get_bucket(b) {
+                Some(&(h, loc)) if h == block => Some((b, loc)),
+                _ => None,
+            })
+        else {
             return (Release::NotHeld, false);
         };
         let Some(slot) = self
