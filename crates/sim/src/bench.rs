@@ -17,13 +17,14 @@ use clap::Args;
 use serde_json::json;
 
 use super::chart;
-use super::drive::{self, EngineRef, MODEL, SCHEME};
+use super::drive::{self, Clients, EngineRef, MODEL, SCHEME};
 use super::engine::{self, CostArgs, EngineConfig, EngineHandle};
 use super::envoy;
 use super::http::Http;
 use super::process::{Proc, find_envoy, free_addr, wait_until};
 use super::report::{EngineStats, RunSummary, table};
 use super::router::Router;
+use super::text::TextRendering;
 use super::workload::{Fleet, Workload};
 
 #[derive(Args, Debug, Clone)]
@@ -75,6 +76,19 @@ pub struct BenchArgs {
     /// (repeat per engine). The oracle and peak queues need simulated engines.
     #[arg(long = "engine", value_name = "SPEC")]
     pub external: Vec<String>,
+    /// How clients ask: `headers` (the client computes the block-hash chain and
+    /// sends it as headers) or `openai` (plain OpenAI completions with a text
+    /// prompt and no routing headers; the sidecar tokenizes the body). With
+    /// `openai`, requests name no tenant unless `inferencecache-tuned` also runs
+    /// (two namespaces then serve the model, so each row names its tenant as a
+    /// gateway route would).
+    #[arg(long, value_enum, default_value = "headers")]
+    pub clients: Clients,
+    /// A model's tokenizer files (`tokenizer.json`, as CacheBackend
+    /// `spec.tokenizer.path`): prompts go out as text for every router, the
+    /// simulated engines and the sidecar's backend tokenize with these files.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 const BLOCK_SIZE: u32 = 16;
@@ -134,6 +148,24 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let envoy_bin = find_envoy(args.envoy.as_deref())?;
+    let text = match &args.tokenizer {
+        Some(dir) => {
+            let t = TextRendering::load(dir)?;
+            eprintln!(
+                "text prompts: {} single-token words of {}",
+                t.words(),
+                dir.display()
+            );
+            Some(t)
+        }
+        None if args.clients == Clients::Openai => {
+            bail!("--clients openai sends text prompts: give --tokenizer DIR")
+        }
+        None => None,
+    };
+    if text.is_some() && !args.external.is_empty() {
+        bail!("--tokenizer starts the simulated engines with it; external engines bring their own");
+    }
 
     let (engines, _handles) = start_engines(&args).await?;
     if routers.iter().any(|r| r.is_oracle()) && engines.iter().any(|e| !e.simulated) {
@@ -144,11 +176,19 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     // The sidecars, on one policy file naming the engines.
     let policy = args.out.join("policy.yaml");
     let tenants = tenants(&routers);
+    // Plain OpenAI clients name no tenant: the sidecar takes the one namespace
+    // serving the body's model, which works while only one does.
+    let tenant_header = args.clients == Clients::Headers || tenants.len() > 1;
     // Each tenant of each sidecar has its own subscriber per engine.
     let subscribers = engines.len() * tenants.len();
     std::fs::write(
         &policy,
-        policy_yaml(&engines, &tenants, args.cache_policy.as_ref())?,
+        policy_yaml(
+            &engines,
+            &tenants,
+            args.cache_policy.as_ref(),
+            args.tokenizer.as_deref(),
+        )?,
     )
     .with_context(|| format!("writing {}", policy.display()))?;
     let exe = sidecar_binary(args.sidecar.as_deref())?;
@@ -184,6 +224,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
         })
         .await?;
+        if args.tokenizer.is_some() {
+            wait_for_tokenizers(&http, &mut proc, &admin_url).await?;
+        }
         sidecars.push(Sidecar {
             proc,
             grpc,
@@ -207,7 +250,13 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             urls.push(format!("http://{a}"));
         }
         let envoy_admin = free_addr()?;
-        let config = envoy::config(&mine, &engine_addrs, sidecar.grpc, envoy_admin)?;
+        let config = envoy::config(
+            &mine,
+            &engine_addrs,
+            sidecar.grpc,
+            envoy_admin,
+            args.clients == Clients::Openai,
+        )?;
         let config_path = args.out.join(if args.sidecars == 1 {
             "envoy.json".to_string()
         } else {
@@ -289,7 +338,12 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             schedule.rate,
             args.load
         );
-        let prepared = Arc::new(drive::prepare(schedule.requests, BLOCK_SIZE)?);
+        let prepared = Arc::new(drive::prepare(
+            schedule.requests,
+            BLOCK_SIZE,
+            args.clients,
+            text.as_ref(),
+        )?);
         let mut runs = Vec::new();
         for &router in &routers {
             reset(&http, &refs, &admin_urls, subscribers).await?;
@@ -304,6 +358,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                 &refs,
                 prepared.clone(),
                 args.costs.batch(),
+                tenant_header,
             )
             .await?;
             for s in &mut sidecars {
@@ -346,6 +401,18 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::env::args().collect::<Vec<_>>().join(" "),
         setup(&args, &engines)
     );
+    md.push_str(&match (&args.clients, &args.tokenizer) {
+        (Clients::Openai, Some(dir)) => format!(
+            "Clients: plain OpenAI completions (text prompts of {}, no routing headers; \
+             the sidecar reads the body).\n\n",
+            dir.display()
+        ),
+        (Clients::Headers, Some(dir)) => format!(
+            "Clients: text prompts of {} with the block-hash chain as headers.\n\n",
+            dir.display()
+        ),
+        _ => "Clients: token-id prompts with the block-hash chain as headers.\n\n".into(),
+    });
     md.push_str(&report);
     std::fs::write(args.out.join("results.md"), md)?;
     let json_runs: Vec<&RunSummary> = results.iter().flat_map(|(_, r)| r).collect();
@@ -394,6 +461,7 @@ async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<Eng
             decode_us_per_token: args.costs.decode_us_per_token,
             batch: args.costs.batch(),
             model_name: MODEL.to_string(),
+            tokenizer: args.tokenizer.clone(),
             ..EngineConfig::default()
         };
         let h = engine::spawn(config).await?;
@@ -445,6 +513,7 @@ fn policy_yaml(
     engines: &[Engine],
     tenants: &[Router],
     cache_policy: Option<&PathBuf>,
+    tokenizer: Option<&std::path::Path>,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
     for &variant in tenants {
@@ -465,10 +534,17 @@ spec:
   modelID: {MODEL}
   hashScheme: {}
   blockSize: {BLOCK_SIZE}
-  endpoints:
 ",
             SCHEME.name()
         );
+        if let Some(dir) = tokenizer {
+            let _ = writeln!(
+                out,
+                "  tokenizer: {{ path: {} }}",
+                json!(dir.display().to_string())
+            );
+        }
+        out.push_str("  endpoints:\n");
         for e in engines {
             let _ = writeln!(
                 out,
@@ -535,6 +611,34 @@ async fn reset(
         bail!("a sidecar ({url}) did not see every engine's AllBlocksCleared within 5 s")
     }
     Ok(())
+}
+
+/// Waits until every backend's tokenizer is loaded (`/policy` says `ready`): a
+/// body request before that is routed without a hint, which would measure the
+/// sidecar's start, not body mode.
+async fn wait_for_tokenizers(http: &Http, proc: &mut Proc, admin_url: &str) -> anyhow::Result<()> {
+    let url = format!("{admin_url}/policy");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        proc.check_running()?;
+        let states: Vec<serde_json::Value> = match http.get_json(&url).await {
+            Ok(v) => v["backends"]
+                .as_array()
+                .map(|b| b.iter().map(|b| b["tokenizer"].clone()).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        if let Some(bad) = states.iter().find(|t| t["state"] == "error") {
+            bail!("the sidecar could not load the tokenizer: {}", bad["error"]);
+        }
+        if !states.is_empty() && states.iter().all(|t| t["state"] == "ready") {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the sidecar's tokenizers were not loaded within 60 s ({url}: {states:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A Prometheus series' value from `/metrics` (0 when absent or unreachable).
@@ -676,7 +780,7 @@ mod tests {
                 simulated: true,
             },
         ];
-        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None).unwrap();
+        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None, None).unwrap();
         let source = inferencecache::adapters::policy_file::Source {
             path: "policy.yaml".into(),
             text: yaml.clone(),

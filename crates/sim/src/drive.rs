@@ -2,7 +2,8 @@
 //!
 //! Requests leave at their scheduled times whatever happened to earlier ones (an
 //! open loop), carrying the inferencecache headers for every router (the plain
-//! balancers ignore them), so each router sees byte-identical traffic.
+//! balancers ignore them), so each router sees byte-identical traffic. With
+//! `--clients openai` they carry none: the sidecar reads the body instead.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use super::engine::BatchCosts;
 use super::envoy::UPSTREAM_HEADER;
 use super::http::Http;
 use super::router::Router;
+use super::text::TextRendering;
 use super::workload::Request;
 use inferencecache::adapters::ext_proc::headers;
 use inferencecache_core::chain::{Scheme, compute_chain, header_value};
@@ -34,32 +36,68 @@ pub struct EngineRef {
     pub base: String,
 }
 
+/// How the benchmark's clients ask for a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clients {
+    /// With inferencecache's routing headers: the block-hash chain the client
+    /// computed, the model and the hash scheme (the headers-only fast path).
+    Headers,
+    /// Plain OpenAI requests: a text prompt and the model in the body, no routing
+    /// headers; the sidecar reads the body (body mode) and tokenizes it itself.
+    /// Needs `--tokenizer`.
+    Openai,
+}
+
 /// A request ready to send: the body and routing headers computed once.
 pub struct Prepared {
+    /// The request; with a text workload its prompt is the ids the engine
+    /// tokenizes the text into (what the oracles ask the engines about).
     pub request: Request,
     body: Value,
     headers: Vec<(&'static str, String)>,
 }
 
-/// Computes each request's chain and body.
-pub fn prepare(schedule: Vec<Request>, block_size: u32) -> anyhow::Result<Vec<Prepared>> {
+/// Computes each request's chain and body. With `text`, prompts go out as text
+/// (each synthetic id one word of the model's vocabulary) and the chain is
+/// computed from the text's real token ids.
+pub fn prepare(
+    schedule: Vec<Request>,
+    block_size: u32,
+    clients: Clients,
+    text: Option<&TextRendering>,
+) -> anyhow::Result<Vec<Prepared>> {
+    if clients == Clients::Openai && text.is_none() {
+        bail!("--clients openai sends text prompts: give --tokenizer DIR");
+    }
     schedule
         .into_iter()
-        .map(|request| {
-            let chain = compute_chain(SCHEME, &request.prompt, block_size, None)?;
-            let counts = vec![block_size.to_string(); chain.len()].join(",");
+        .map(|mut request| {
+            let prompt = match text {
+                Some(t) => {
+                    let s = t.text(&request.prompt);
+                    request.prompt = t.prompt_ids(&s)?;
+                    Value::String(s)
+                }
+                None => json!(request.prompt),
+            };
             let body = json!({
                 "model": MODEL,
-                "prompt": request.prompt,
+                "prompt": prompt,
                 "max_tokens": request.max_tokens,
             });
-            let headers = vec![
-                (headers::MODEL, MODEL.to_string()),
-                (headers::HASH_SCHEME, SCHEME.name().to_string()),
-                (headers::BLOCK_HASHES, header_value(&chain)),
-                (headers::BLOCK_TOKEN_COUNTS, counts),
-                (headers::DEBUG, "1".to_string()),
-            ];
+            // The debug header only asks the sidecar to explain its decision (the
+            // reason column); it carries nothing the decision reads.
+            let mut headers = vec![(headers::DEBUG, "1".to_string())];
+            if clients == Clients::Headers {
+                let chain = compute_chain(SCHEME, &request.prompt, block_size, None)?;
+                let counts = vec![block_size.to_string(); chain.len()].join(",");
+                headers.extend([
+                    (headers::MODEL, MODEL.to_string()),
+                    (headers::HASH_SCHEME, SCHEME.name().to_string()),
+                    (headers::BLOCK_HASHES, header_value(&chain)),
+                    (headers::BLOCK_TOKEN_COUNTS, counts),
+                ]);
+            }
             Ok(Prepared {
                 request,
                 body,
@@ -106,6 +144,7 @@ pub async fn run(
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
     costs: Option<BatchCosts>,
+    tenant_header: bool,
 ) -> anyhow::Result<Outcome> {
     if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
@@ -151,7 +190,7 @@ pub async fn run(
             } else {
                 listeners[i % listeners.len()].clone()
             };
-            send(&http, &url, router, p, &by_addr).await
+            send(&http, &url, router, p, &by_addr, tenant_header).await
         });
     }
     let mut samples = Vec::with_capacity(schedule.len());
@@ -179,9 +218,12 @@ async fn send(
     router: Router,
     p: &Prepared,
     by_addr: &HashMap<String, String>,
+    tenant_header: bool,
 ) -> anyhow::Result<Sample> {
     let mut headers = p.headers.clone();
-    headers.push((headers::TENANT, router.tenant().to_string()));
+    if tenant_header {
+        headers.push((headers::TENANT, router.tenant().to_string()));
+    }
     let sent = Instant::now();
     let reply = http.post_json(url, &headers, &p.body).await?;
     let latency_ms = sent.elapsed().as_secs_f64() * 1e3;

@@ -21,11 +21,15 @@ const OVERRIDE_HOST_YAML: &str = include_str!("../../../envoy/override-host.yaml
 pub const UPSTREAM_HEADER: &str = "x-upstream-host";
 
 /// Renders the Envoy bootstrap (JSON) with one listener per entry of `listeners`.
+/// With `body_mode`, the ext_proc listeners also stream the request body to the
+/// sidecar (`FULL_DUPLEX_STREAMED` with trailers, as a GIE gateway sends it), for
+/// clients that send no routing headers.
 pub fn config(
     listeners: &[(Router, SocketAddr)],
     engines: &[SocketAddr],
     sidecar: SocketAddr,
     admin: SocketAddr,
+    body_mode: bool,
 ) -> anyhow::Result<Value> {
     let mut config: Value =
         serde_saphyr::from_str(OVERRIDE_HOST_YAML).context("parsing envoy/override-host.yaml")?;
@@ -57,6 +61,16 @@ pub fn config(
         };
         if !lb.ext_proc {
             filters.retain(|f| f["name"] != "envoy.filters.http.ext_proc");
+        } else if body_mode {
+            let Some(ext_proc) = filters
+                .iter_mut()
+                .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+            else {
+                bail!("override-host.yaml: no ext_proc filter");
+            };
+            let mode = &mut ext_proc["typed_config"]["processing_mode"];
+            mode["request_body_mode"] = json!("FULL_DUPLEX_STREAMED");
+            mode["request_trailer_mode"] = json!("SEND");
         }
         out.push(l);
     }
@@ -115,7 +129,7 @@ mod tests {
             (Router::LeastRequest, addr(2)),
             (Router::InferenceCache, addr(3)),
         ];
-        let c = config(&listeners, &[addr(10), addr(11)], addr(20), addr(30)).unwrap();
+        let c = config(&listeners, &[addr(10), addr(11)], addr(20), addr(30), false).unwrap();
         let ls = c["static_resources"]["listeners"].as_array().unwrap();
         assert_eq!(ls.len(), 3);
         let hcm = |i: usize| &ls[i]["filter_chains"][0]["filters"][0]["typed_config"];
@@ -150,12 +164,47 @@ mod tests {
     }
 
     #[test]
+    fn body_mode_streams_the_request_body_to_the_sidecar_only() {
+        let listeners = [
+            (Router::RoundRobin, addr(1)),
+            (Router::InferenceCache, addr(3)),
+        ];
+        let mode = |body_mode: bool| {
+            let c = config(&listeners, &[addr(10)], addr(20), addr(30), body_mode).unwrap();
+            let l = &c["static_resources"]["listeners"][1];
+            assert_eq!(l["name"], "inferencecache");
+            let filters = l["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+                .as_array()
+                .unwrap()
+                .clone();
+            let ext_proc = filters
+                .iter()
+                .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+                .unwrap();
+            ext_proc["typed_config"]["processing_mode"].clone()
+        };
+        let headers_only = mode(false);
+        assert_eq!(headers_only["request_body_mode"], "NONE");
+        assert_eq!(headers_only["request_trailer_mode"], "SKIP");
+        let body = mode(true);
+        assert_eq!(body["request_body_mode"], "FULL_DUPLEX_STREAMED");
+        assert_eq!(body["request_trailer_mode"], "SEND");
+        // Everything else is the shipped configuration's.
+        assert_eq!(
+            body["request_header_mode"],
+            headers_only["request_header_mode"]
+        );
+        assert_eq!(body["response_body_mode"], "NONE");
+    }
+
+    #[test]
     fn the_oracle_has_no_listener() {
         let err = config(
             &[(Router::Oracle, addr(1))],
             &[addr(10)],
             addr(20),
             addr(30),
+            false,
         )
         .unwrap_err()
         .to_string();

@@ -27,4 +27,5 @@ pub mod http;
 pub mod process;
 pub mod report;
 pub mod router;
+pub mod text;
 pub mod workload;
