@@ -840,6 +840,36 @@ mod tests {
     }
 
     #[test]
+    fn planned_writes_handle_repeats_and_runs_emptied_or_thinned_mid_event() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let chain: Vec<u64> = (1..=40).map(|i: u64| i << 20 | 7).collect();
+        assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 40);
+        // A hash named twice in one event: planned absent both times, stored once
+        // with two references.
+        let (a, b) = (1u64 << 50, 2u64 << 50);
+        assert_eq!(scope.insert_blocks(1, &live, None, &[a, b, a], |_| 1), 2);
+        assert_eq!(scope.remove_blocks(1, &live, &[a]), 0, "one reference left");
+        // Removed twice in one event: the second finds it gone.
+        assert_eq!(scope.remove_blocks(1, &live, &[a, a, b, b]), 2);
+        assert!(!scope.contains(&EntryKey::Block(a)));
+        // Thinning a run past the compaction line in one event, then further in
+        // the same event: compacted once at the end, the rest still walkable.
+        assert_eq!(scope.remove_blocks(0, &live, &chain[..35]), 35);
+        {
+            let store = scope.read();
+            assert!(!store.has_sparse());
+            assert_eq!(store.walk(&chain[35..], |_, e| e.holders().contains(0)), 5);
+            assert_eq!(store.walk(&chain[34..], |_, _| true), 0);
+        }
+        // Emptying it frees it: nothing left to compact.
+        assert_eq!(scope.remove_blocks(0, &live, &chain[35..]), 5);
+        assert!(!scope.read().has_sparse());
+        assert_eq!(scope.entries(), 0);
+        assert_eq!(live.prefix_count(), 0);
+    }
+
+    #[test]
     fn a_chunked_scan_visits_every_live_entry_once() {
         let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
         let live = ReplicaLive::default();
