@@ -320,9 +320,9 @@ impl ScopeIndex {
                         break;
                     }
                 }
-                let retired = store.take_retired();
+                let emptied = store.take_retired();
                 drop(store);
-                drop(retired);
+                drop(emptied);
             }
             base += batch.len();
         }

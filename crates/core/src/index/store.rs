@@ -115,6 +115,10 @@ pub(crate) struct PlannedRemoval {
     bucket: Option<usize>,
 }
 
+/// Runs emptied under the write lock: a hold usually empties at most a few, kept
+/// inline so that retiring them allocates nothing under the lock.
+pub(crate) type Retired = SmallVec<[Run; 4]>;
+
 /// All entries of one scope.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
@@ -124,7 +128,7 @@ pub(crate) struct Store {
     runs: Vec<Option<Run>>,
     free_runs: Vec<u32>,
     /// Runs emptied under the write lock, dropped by the writer after it lets go.
-    retired: Vec<Run>,
+    retired: Retired,
     /// Runs that became mostly vacant, to compact in [`Store::settle`].
     sparse: Vec<u32>,
     pub prefixes: HashMap<Box<str>, PrefixEntry, Hasher64>,
@@ -498,7 +502,7 @@ impl Store {
     /// before it lets go of the store for good (the write lock may be let go and
     /// taken again in between).
     #[must_use = "drop the emptied runs after the lock"]
-    pub fn settle(&mut self) -> Vec<Run> {
+    pub fn settle(&mut self) -> Retired {
         let mut sparse = std::mem::take(&mut self.sparse);
         for &run in &sparse {
             if self
@@ -516,7 +520,7 @@ impl Store {
     }
 
     /// The runs emptied since the last call, for the writer to drop off the lock.
-    pub fn take_retired(&mut self) -> Vec<Run> {
+    pub fn take_retired(&mut self) -> Retired {
         std::mem::take(&mut self.retired)
     }
 
