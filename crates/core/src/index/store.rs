@@ -17,6 +17,11 @@
 //! SGLang, still get contiguous runs). Runs are freed when their last entry goes
 //! and compacted when three quarters of them are vacant (once the writer's
 //! removals are done, so an event that removes a whole run never compacts it).
+//!
+//! Writers look blocks up under the shared lock first ([`Store::plan_store`],
+//! [`Store::plan_removal`]) and pass the plans in under the write lock, so the
+//! exclusive hold does at most one table operation per new block and none for a
+//! block that exists or goes.
 
 use std::hash::BuildHasher;
 
