@@ -20,8 +20,8 @@
 //!
 //! Writers look blocks up under the shared lock first ([`Store::plan_store`],
 //! [`Store::plan_removal`]) and pass the plans in under the write lock, so the
-//! exclusive hold does at most one table operation per new block and none for a
-//! block that exists or goes.
+//! exclusive hold probes the table at most once per new block, and not at all for
+//! a block that exists or is removed.
 
 use std::hash::BuildHasher;
 
