@@ -10,11 +10,14 @@
 //! each remove a 1M-entry replica from the scope being looked up.
 //!
 //! Environment: IC_BENCH_LOOKUPS (default 100000); IC_BENCH_PROFILE_HOT=N only
-//! repeats one lookup N times (for a profiler); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
+//! repeats one lookup N times (for a profiler); IC_BENCH_PROFILE_MIXED=N makes N
+//! mixed decisions and N writer iterations on one thread (for callgrind); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
 //! the concurrent writer write to another scope (separates lock contention from
 //! memory interference); IC_BENCH_TIERS=1 adds one CPU-tier block to the scope
 //! (lookups then take the tiered walk); IC_BENCH_LOAD=disabled runs the decision with
 //! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
+//! The CPU-time row gives the write rates per CPU-second of the writing thread
+//! (Linux schedstat), which leaves out waits for a core on a shared host.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -93,12 +96,60 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time this thread has run, in ns (Linux `schedstat`; None elsewhere). Rates
+/// per CPU-second leave out the time a thread waited for a core, which on a
+/// shared host is most of the noise in the wall-clock rates.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `n` per second of `from..to` CPU time, if both were read.
+fn per_cpu_sec(n: f64, from: Option<u64>, to: Option<u64>) -> Option<f64> {
+    let ns = to?.checked_sub(from?)?;
+    (ns > 0).then(|| n / (ns as f64 / 1e9))
+}
+
+fn millions(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "n/a".to_string(), |r| format!("{:.2}M", r / 1e6))
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i] as f64 / 1000.0
+}
+
+/// One iteration of the concurrent writer: a new sequence stored on `replica`
+/// (its 16 shared blocks already in the index), then its unique tail removed.
+fn write_once(router: &Router, scope: ScopeRef<'_>, replica: &str, seq: usize, now: Timestamp) {
+    let hashes = sequence(seq, 99);
+    let stored = [IndexEvent::Stored {
+        parent: None,
+        hashes: hashes.clone(),
+        token_counts: Vec::new(),
+    }];
+    let batch = IngestBatch {
+        scope,
+        replica_id: replica,
+        endpoint: "",
+        events: &stored,
+    };
+    let _ = router.ingest(&batch, now);
+    let removed = [IndexEvent::Removed {
+        hashes: hashes[SHARED..].to_vec(),
+    }];
+    let batch = IngestBatch {
+        events: &removed,
+        ..batch
+    };
+    let _ = router.ingest(&batch, now);
 }
 
 fn replica_id(r: usize) -> String {
@@ -158,6 +209,7 @@ fn main() {
 
     // Insert.
     let rss_before = rss_bytes();
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     for (s, ev) in events.iter().enumerate() {
         let r = owner[s];
@@ -170,6 +222,7 @@ fn main() {
         black_box(router.ingest(&batch, now).ok());
     }
     let insert_secs = start.elapsed().as_secs_f64();
+    let insert_cpu = per_cpu_sec((SEQUENCES * BLOCKS) as f64, cpu, thread_cpu_ns());
     let rss_after = rss_bytes();
     // IC_BENCH_TIERS=1: one CPU-tier block elsewhere in the scope, so every lookup
     // takes the tiered walk (same answers: the chains are on GPU).
@@ -218,6 +271,32 @@ fn main() {
     {
         for _ in 0..n {
             black_box(router.lookup(&request(&queries[0].0, &counts), now));
+        }
+        return;
+    }
+
+    // Profiling aid: IC_BENCH_PROFILE_MIXED=N makes the first N decisions (the
+    // mixed, mostly cold queries) and then N iterations of the writer below (a
+    // sequence stored, its unique tail removed) on this thread, and exits: under
+    // `valgrind --tool=callgrind --cache-sim=yes` that gives instructions and
+    // simulated cache misses per decision and per written block, which this
+    // noisy host's clocks cannot.
+    if let Some(n) = std::env::var("IC_BENCH_PROFILE_MIXED")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        for (chain, _, _) in queries.iter().take(n) {
+            black_box(router.lookup(&request(chain, &counts), now));
+        }
+        let mut rng = Rng(7);
+        for i in 0..n {
+            write_once(
+                &router,
+                scope,
+                &ids[rng.below(REPLICAS)],
+                SEQUENCES + i,
+                now,
+            );
         }
         return;
     }
@@ -298,6 +377,7 @@ fn main() {
         let (router, stop, written) = (router.clone(), stop.clone(), written.clone());
         let ids = ids.clone();
         std::thread::spawn(move || {
+            let cpu = thread_cpu_ns();
             let mut rng = Rng(7);
             let mut n = 0usize;
             let scope = if std::env::var("IC_BENCH_WRITER_OTHER_SCOPE").is_ok() {
@@ -306,38 +386,25 @@ fn main() {
                 scope
             };
             while !stop.load(Ordering::Relaxed) {
-                let hashes = sequence(SEQUENCES + n, 99);
-                let r = rng.below(REPLICAS);
-                let stored = [IndexEvent::Stored {
-                    parent: None,
-                    hashes: hashes.clone(),
-                    token_counts: Vec::new(),
-                }];
-                let batch = IngestBatch {
+                write_once(
+                    &router,
                     scope,
-                    replica_id: &ids[r],
-                    endpoint: "",
-                    events: &stored,
-                };
-                let _ = router.ingest(&batch, now);
-                let removed = [IndexEvent::Removed {
-                    hashes: hashes[SHARED..].to_vec(),
-                }];
-                let batch = IngestBatch {
-                    events: &removed,
-                    ..batch
-                };
-                let _ = router.ingest(&batch, now);
+                    &ids[rng.below(REPLICAS)],
+                    SEQUENCES + n,
+                    now,
+                );
                 written.fetch_add((BLOCKS + BLOCKS - SHARED) as u64, Ordering::Relaxed);
                 n += 1;
             }
+            let blocks = (n * (BLOCKS + BLOCKS - SHARED)) as f64;
+            per_cpu_sec(blocks, cpu, thread_cpu_ns())
         })
     };
     let start = Instant::now();
     let busy = timed(&router);
     let busy_secs = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let _ = writer.join();
+    let writer_cpu = writer.join().ok().flatten();
     let writer_rate = written.load(Ordering::Relaxed) as f64 / busy_secs;
 
     // Remove: unique tails (tail first) of random sequences until 10% of blocks are gone.
@@ -356,6 +423,7 @@ fn main() {
         removals.push((owner[s], [IndexEvent::Removed { hashes: tail }]));
     }
     let entries_before = router.index().total_entries();
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     for (r, ev) in &removals {
         let batch = IngestBatch {
@@ -367,6 +435,7 @@ fn main() {
         black_box(router.ingest(&batch, now).ok());
     }
     let remove_secs = start.elapsed().as_secs_f64();
+    let remove_cpu = per_cpu_sec(planned as f64, cpu, thread_cpu_ns());
     let entries_after = router.index().total_entries();
 
     // Decisions while maintenance removes a 1M-entry replica from the same scope:
@@ -502,6 +571,12 @@ fn main() {
         percentile(&busy, 0.5),
         percentile(&busy, 0.99),
         writer_rate / 1e6
+    );
+    println!(
+        "| (CPU time) insert / writer meanwhile / remove, blocks per CPU-second of the thread | {} / {} / {} |",
+        millions(insert_cpu),
+        millions(writer_cpu),
+        millions(remove_cpu)
     );
     println!(
         "| remove blocks/s | {:.2}M ({} entries removed) |",

@@ -2,11 +2,13 @@
 //! replicas holding it with per-replica reference counts, its lastSeen stamp and
 //! its access count.
 //!
-//! Memory is the budget here (≤ 80 bytes per (block, replica) pair with the table
-//! around it): one holder is stored inline, several spill to a boxed vector, and
-//! the whole entry is 32 bytes.
+//! Memory is the budget here (bytes per (block, replica) pair with the table
+//! around it): one holder is stored inline, several spill to a list the store
+//! keeps, and the whole entry is 24 bytes (a stored block with its hash, 32).
 
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use smallvec::SmallVec;
 
 use super::event::Tier;
 
@@ -36,18 +38,19 @@ pub(crate) struct Holder {
     pub refs: u32,
 }
 
-/// The replicas holding an entry. Never empty: an entry whose last holder goes is
-/// removed from its scope's store.
-#[derive(Debug)]
-pub(crate) enum Holders {
-    One(Holder),
-    /// A thin Box keeps the enum (and so each entry) small for the rare shared block.
-    Many(Box<ManyHolders>),
-}
+/// The holder slot that marks a spilled entry (tier code 3 is no tier).
+const SPILLED: u32 = u32::MAX - 1;
+
+/// The replicas holding an entry: one holder inline, or (`slot` = [`SPILLED`]) the
+/// index of a [`ManyHolders`] in the store's [`HolderLists`]. Eight bytes, so an
+/// entry is 24 and a stored block 32; several holders are the rare shared block.
+/// Never empty while stored: an entry whose last holder goes is removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holders(Holder);
 
 /// Several holders, with a bitmask of those in slots 0..64 so that the lookup
 /// walk tests membership with one AND instead of a loop.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct ManyHolders {
     pub mask: u64,
     pub list: Vec<Holder>,
@@ -63,6 +66,51 @@ impl ManyHolders {
     }
 }
 
+/// The holder lists of a store's spilled entries, by index; freed lists are reused.
+#[derive(Debug, Default)]
+pub(crate) struct HolderLists {
+    lists: Vec<ManyHolders>,
+    free: Vec<u32>,
+}
+
+impl HolderLists {
+    fn get(&self, i: u32) -> Option<&ManyHolders> {
+        self.lists.get(i as usize)
+    }
+
+    fn get_mut(&mut self, i: u32) -> Option<&mut ManyHolders> {
+        self.lists.get_mut(i as usize)
+    }
+
+    fn alloc(&mut self, many: ManyHolders) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.lists[i as usize] = many;
+                i
+            }
+            None => {
+                self.lists.push(many);
+                (self.lists.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release(&mut self, i: u32) -> ManyHolders {
+        let many = self
+            .lists
+            .get_mut(i as usize)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        self.free.push(i);
+        many
+    }
+
+    #[cfg(test)]
+    pub fn in_use(&self) -> usize {
+        self.lists.len() - self.free.len()
+    }
+}
+
 /// What dropping one reference did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Release {
@@ -74,98 +122,144 @@ pub(crate) enum Release {
     Released,
 }
 
-impl Holders {
-    pub fn new(slot: u32) -> Self {
-        Self::One(Holder { slot, refs: 1 })
-    }
+/// An entry's holders as readers see them (the entry and its store's lists).
+#[derive(Clone, Copy)]
+pub(crate) struct HoldersRef<'a> {
+    holders: Holders,
+    lists: &'a HolderLists,
+}
 
-    /// The holders of a vacated slot: none.
-    pub fn vacant() -> Self {
-        Self::One(Holder {
-            slot: u32::MAX,
-            refs: 0,
-        })
+impl<'a> HoldersRef<'a> {
+    fn many(&self) -> Option<&'a ManyHolders> {
+        match self.holders.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => self.lists.get(refs),
+            _ => None,
+        }
     }
 
     pub fn contains(&self, slot: u32) -> bool {
-        match self {
-            Self::One(h) => h.slot == slot,
-            Self::Many(v) => v.list.iter().any(|h| h.slot == slot),
+        match self.many() {
+            Some(v) => v.list.iter().any(|h| h.slot == slot),
+            None => self.holders.0.slot == slot && self.holders.0.refs > 0,
         }
     }
 
     /// The holders in slots 0..64 as a bitmask, when that is all of them.
     #[inline]
     pub fn low_mask(&self) -> Option<u64> {
-        match self {
-            Self::One(h) if h.slot < 64 && h.refs > 0 => Some(1 << h.slot),
-            Self::One(h) if h.refs == 0 => Some(0),
-            Self::One(_) => None,
-            Self::Many(v) => (v.mask.count_ones() as usize == v.list.len()).then_some(v.mask),
+        let h = self.holders.0;
+        if h.slot == SPILLED {
+            let v = self.many()?;
+            return (v.mask.count_ones() as usize == v.list.len()).then_some(v.mask);
+        }
+        if h.refs == 0 {
+            Some(0)
+        } else if h.slot < 64 {
+            Some(1 << h.slot)
+        } else {
+            None
         }
     }
 
-    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
-        let (one, many) = match self {
-            Self::One(h) => (Some(h.slot), &[][..]),
-            Self::Many(v) => (None, v.list.as_slice()),
+    pub fn slots(&self) -> impl Iterator<Item = u32> + 'a {
+        let (one, many) = match self.many() {
+            Some(v) => (None, v.list.as_slice()),
+            None if self.holders.0.refs > 0 => (Some(self.holders.0.slot), &[][..]),
+            None => (None, &[][..]),
         };
         one.into_iter().chain(many.iter().map(|h| h.slot))
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        match self {
-            Self::One(_) => 1,
-            Self::Many(v) => v.list.len(),
+        match self.many() {
+            Some(v) => v.list.len(),
+            None => usize::from(self.holders.0.refs > 0),
+        }
+    }
+}
+
+impl Holders {
+    pub fn new(slot: u32) -> Self {
+        Self(Holder { slot, refs: 1 })
+    }
+
+    /// The holders of a vacated slot: none.
+    pub fn vacant() -> Self {
+        Self(Holder {
+            slot: u32::MAX,
+            refs: 0,
+        })
+    }
+
+    /// Read access, with the store's lists.
+    pub fn with<'a>(&self, lists: &'a HolderLists) -> HoldersRef<'a> {
+        HoldersRef {
+            holders: *self,
+            lists,
         }
     }
 
     /// Adds one reference; returns true when the replica newly holds the entry.
-    pub fn add(&mut self, slot: u32) -> bool {
-        match self {
-            Self::One(h) if h.slot == slot => {
-                h.refs = h.refs.saturating_add(1);
+    pub fn add(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
+        match self.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
+                let Some(v) = lists.get_mut(refs) else {
+                    return false;
+                };
+                // A slot 0..64 missing from the mask is not in the list.
+                if (slot >= 64 || v.mask & (1 << slot) != 0)
+                    && let Some(h) = v.list.iter_mut().find(|h| h.slot == slot)
+                {
+                    h.refs = h.refs.saturating_add(1);
+                    return false;
+                }
+                v.list.push(Holder { slot, refs: 1 });
+                if slot < 64 {
+                    v.mask |= 1 << slot;
+                }
+                true
+            }
+            Holder { slot: s, refs } if s == slot && refs > 0 => {
+                self.0.refs = refs.saturating_add(1);
                 false
             }
-            Self::One(h) => {
-                let first = *h;
+            Holder { refs: 0, .. } => {
+                *self = Self::new(slot);
+                true
+            }
+            first => {
                 let mut many = ManyHolders {
                     mask: 0,
                     list: vec![first, Holder { slot, refs: 1 }],
                 };
                 many.rebuild_mask();
-                *self = Self::Many(Box::new(many));
+                *self = Self(Holder {
+                    slot: SPILLED,
+                    refs: lists.alloc(many),
+                });
                 true
             }
-            Self::Many(v) => match v.list.iter_mut().find(|h| h.slot == slot) {
-                Some(h) => {
-                    h.refs = h.refs.saturating_add(1);
-                    false
-                }
-                None => {
-                    v.list.push(Holder { slot, refs: 1 });
-                    v.rebuild_mask();
-                    true
-                }
-            },
         }
     }
 
     /// Drops one reference of `slot`. The caller removes the entry when
-    /// [`Holders::is_empty_after`] says so.
-    pub fn release(&mut self, slot: u32) -> Release {
-        match self {
-            Self::One(h) if h.slot == slot => {
-                h.refs = h.refs.saturating_sub(1);
-                if h.refs == 0 {
-                    Release::Released
-                } else {
-                    Release::StillHeld
-                }
-            }
-            Self::One(_) => Release::NotHeld,
-            Self::Many(v) => {
+    /// [`Holders::is_empty`] says so.
+    pub fn release(&mut self, lists: &mut HolderLists, slot: u32) -> Release {
+        match self.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
+                let Some(v) = lists.get_mut(refs) else {
+                    return Release::NotHeld;
+                };
                 let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
                     return Release::NotHeld;
                 };
@@ -175,47 +269,78 @@ impl Holders {
                 }
                 v.list.swap_remove(pos);
                 v.rebuild_mask();
-                self.shrink();
+                self.shrink(lists);
                 Release::Released
             }
+            Holder { slot: s, refs } if s == slot && refs > 0 => {
+                self.0.refs = refs - 1;
+                if refs == 1 {
+                    Release::Released
+                } else {
+                    Release::StillHeld
+                }
+            }
+            _ => Release::NotHeld,
         }
     }
 
     /// Removes `slot` whatever its count; returns whether it held the entry.
-    pub fn remove_all(&mut self, slot: u32) -> bool {
-        match self {
-            Self::One(h) if h.slot == slot => {
-                h.refs = 0;
-                true
-            }
-            Self::One(_) => false,
-            Self::Many(v) => {
+    pub fn remove_all(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
+        match self.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => {
+                let Some(v) = lists.get_mut(refs) else {
+                    return false;
+                };
                 let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
                     return false;
                 };
                 v.list.swap_remove(pos);
                 v.rebuild_mask();
-                self.shrink();
+                self.shrink(lists);
                 true
             }
+            Holder { slot: s, refs } if s == slot && refs > 0 => {
+                self.0.refs = 0;
+                true
+            }
+            _ => false,
         }
     }
 
-    /// True when no replica holds the entry any more (a `One` with zero refs, or
-    /// an empty `Many`).
+    /// True when no replica holds the entry any more. A spilled entry has at
+    /// least two holders (it goes back inline at one).
     pub fn is_empty(&self) -> bool {
-        match self {
-            Self::One(h) => h.refs == 0,
-            Self::Many(v) => v.list.is_empty(),
-        }
+        self.0.slot != SPILLED && self.0.refs == 0
     }
 
-    /// Goes back to the inline form when one holder is left.
-    fn shrink(&mut self) {
-        if let Self::Many(v) = self
-            && v.list.len() == 1
+    /// Takes the holders out (the entry is going), freeing a spilled list: the
+    /// slots that held it.
+    pub fn take(&mut self, lists: &mut HolderLists) -> SmallVec<[u32; 4]> {
+        let out = match self.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => lists.release(refs).list.iter().map(|h| h.slot).collect(),
+            Holder { refs: 0, .. } => SmallVec::new(),
+            Holder { slot, .. } => SmallVec::from_elem(slot, 1),
+        };
+        *self = Self::vacant();
+        out
+    }
+
+    /// Goes back inline when one holder is left.
+    fn shrink(&mut self, lists: &mut HolderLists) {
+        if let Holder {
+            slot: SPILLED,
+            refs,
+        } = self.0
+            && lists.get(refs).is_some_and(|v| v.list.len() == 1)
         {
-            *self = Self::One(v.list[0]);
+            let one = lists.release(refs).list[0];
+            *self = Self(one);
         }
     }
 }
@@ -263,8 +388,9 @@ mod tests {
 
     #[test]
     fn entry_stays_small() {
+        assert_eq!(std::mem::size_of::<Holders>(), 8);
         assert!(
-            std::mem::size_of::<Entry>() <= 32,
+            std::mem::size_of::<Entry>() <= 24,
             "{}",
             std::mem::size_of::<Entry>()
         );
@@ -272,32 +398,57 @@ mod tests {
 
     #[test]
     fn references_are_counted_per_replica() {
+        let mut lists = HolderLists::default();
         let mut h = Holders::new(1);
-        assert!(!h.add(1));
-        assert!(h.add(2));
-        assert_eq!(h.len(), 2);
-        assert_eq!(h.low_mask(), Some(0b110));
-        assert!(h.add(70));
-        assert_eq!(h.low_mask(), None);
-        assert!(h.remove_all(70));
-        assert_eq!(h.release(1), Release::StillHeld);
-        assert_eq!(h.release(1), Release::Released);
-        assert!(!h.contains(1));
-        assert_eq!(h.release(1), Release::NotHeld);
-        assert!(matches!(h, Holders::One(Holder { slot: 2, refs: 1 })));
-        assert_eq!(h.low_mask(), Some(1 << 2));
-        assert_eq!(h.release(2), Release::Released);
+        assert!(!h.add(&mut lists, 1));
+        assert!(h.add(&mut lists, 2));
+        assert_eq!(h.with(&lists).len(), 2);
+        assert_eq!(h.with(&lists).low_mask(), Some(0b110));
+        assert!(h.add(&mut lists, 70));
+        assert!(
+            !h.add(&mut lists, 70),
+            "a second reference, not a new holder"
+        );
+        assert_eq!(h.with(&lists).low_mask(), None);
+        assert!(h.remove_all(&mut lists, 70));
+        assert_eq!(h.release(&mut lists, 1), Release::StillHeld);
+        assert_eq!(h.release(&mut lists, 1), Release::Released);
+        assert!(!h.with(&lists).contains(1));
+        assert_eq!(h.release(&mut lists, 1), Release::NotHeld);
+        // Back inline, and the spilled list freed.
+        assert_eq!(h, Holders(Holder { slot: 2, refs: 1 }));
+        assert_eq!(lists.in_use(), 0);
+        assert_eq!(h.with(&lists).low_mask(), Some(1 << 2));
+        assert_eq!(h.release(&mut lists, 2), Release::Released);
         assert!(h.is_empty());
+        assert_eq!(h.with(&lists).slots().count(), 0);
     }
 
     #[test]
     fn remove_all_ignores_counts() {
+        let mut lists = HolderLists::default();
         let mut h = Holders::new(3);
-        h.add(3);
-        h.add(4);
-        assert!(h.remove_all(3));
-        assert!(!h.remove_all(3));
-        assert_eq!(h.slots().collect::<Vec<_>>(), vec![4]);
+        h.add(&mut lists, 3);
+        h.add(&mut lists, 4);
+        assert!(h.remove_all(&mut lists, 3));
+        assert!(!h.remove_all(&mut lists, 3));
+        assert_eq!(h.with(&lists).slots().collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn taking_spilled_holders_frees_their_list() {
+        let mut lists = HolderLists::default();
+        let mut a = Holders::new(0);
+        a.add(&mut lists, 1);
+        a.add(&mut lists, 65);
+        assert_eq!(a.take(&mut lists).as_slice(), &[0, 1, 65]);
+        assert!(a.is_empty());
+        assert_eq!(lists.in_use(), 0);
+        // The freed list is reused by the next entry that spills.
+        let mut b = Holders::new(5);
+        b.add(&mut lists, 6);
+        assert_eq!(lists.lists.len(), 1);
+        assert_eq!(b.with(&lists).low_mask(), Some(1 << 5 | 1 << 6));
     }
 
     #[test]

@@ -8,9 +8,8 @@
 
 use std::time::Instant;
 
-use super::entry::Entry;
 use super::lock::Timeout;
-use super::store::Store;
+use super::store::{EntryRef, Store};
 
 /// How often (in blocks) a long walk checks its deadline.
 const DEADLINE_STRIDE: usize = 1024;
@@ -88,12 +87,13 @@ impl LeadingRuns<'_> {
 
 /// The entry's holders as a bitset over slots.
 #[inline]
-fn holders_into(e: &Entry, held: &mut [u64]) {
-    match e.holders.low_mask() {
+fn holders_into(e: EntryRef<'_>, held: &mut [u64]) {
+    let holders = e.holders();
+    match holders.low_mask() {
         Some(mask) if held.len() == 1 => held[0] = mask,
         _ => {
             held.iter_mut().for_each(|w| *w = 0);
-            for slot in e.holders.slots() {
+            for slot in holders.slots() {
                 if let Some(w) = held.get_mut(slot as usize / 64) {
                     *w |= 1 << (slot % 64);
                 }

@@ -15,6 +15,7 @@
 //! [`SCAN_CHUNK`] slots. So a lookup waits behind one block of an event's writing,
 //! a bounded sweep batch, or one scan chunk, whatever the scope's size.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -23,13 +24,15 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
-use super::entry::{Entry, Holders, Release, split_slot, tier_slot};
+use super::entry::{Entry, Release, split_slot, tier_slot};
 use super::event::Tier;
 use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
-use super::store::{Cursor, EntryKey, EntryKeyRef, Padded, PrefixEntry, Store};
+use super::store::{
+    Cursor, EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
+};
 use crate::scope::ScopeKey;
 
 /// How many keys a sweep removes per write-lock hold.
@@ -40,11 +43,13 @@ pub(crate) const SWEEP_BATCH: usize = 256;
 pub(crate) const SCAN_CHUNK: usize = 1024;
 
 /// The most blocks of an event stored or removed per write-lock hold; a hold
-/// ends sooner when a lookup is waiting.
-pub(crate) const WRITE_BATCH: usize = 16;
+/// ends sooner when a lookup is waiting. A planned block costs ~10 ns under the
+/// lock (`ScopeIndex::write_planned`), so a whole batch is still a short hold.
+pub(crate) const WRITE_BATCH: usize = 64;
 
-/// How many blocks of an event are warmed per read-lock hold.
-const WARM_BATCH: usize = 64;
+/// How many blocks of an event are looked up per read-lock hold before they are
+/// written (see `ScopeIndex::write_planned`).
+const PLAN_BATCH: usize = 64;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,46 +273,58 @@ impl ScopeIndex {
     }
 
     /// Lowers the prefix counts of every holder of a removed entry.
-    fn release_holders(&self, holders: &Holders) {
+    fn release_holders(&self, holders: &[u32]) {
         let table = self.table.load();
-        for slot in holders.slots() {
+        for &slot in holders {
             if let Some(r) = table.get(slot) {
                 r.live.sub_prefixes(1);
             }
         }
     }
 
-    /// Touches a batch's table entries under the read lock, which lookups share,
-    /// so the write lock that follows finds them in cache and is held for less
-    /// time: a lookup waits behind a writer's batch, not behind its cache misses.
-    fn warm(&self, hashes: &[u64]) {
-        let store = self.read();
-        for &h in hashes {
-            std::hint::black_box(store.block(h));
-        }
-    }
-
-    /// Runs `step(store, i)` for every `i` in `0..hashes.len()` under the write
-    /// lock. Each [`WARM_BATCH`] of `hashes` is warmed first; a hold covers at
-    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as
-    /// a lookup waits for the lock (unless the writer had to queue for it).
-    fn write_in_holds(&self, hashes: &[u64], mut step: impl FnMut(&mut Store, usize)) {
-        let mut i = 0;
-        for warm in hashes.chunks(WARM_BATCH) {
-            self.warm(warm);
-            let end = i + warm.len();
-            while i < end {
+    /// Runs `step(store, i, plan)` for every `i` in `0..hashes.len()` under the
+    /// write lock, where `plan` is what `plan(store, hash)` found for block `i`
+    /// under the read lock (which lookups share), [`PLAN_BATCH`] blocks at a
+    /// time: the exclusive hold then does no table lookup it can do without, and
+    /// finds the table's lines in cache. Before each hold `prepare(plans)` may
+    /// allocate what the hold will need (with the plans of the blocks left in the
+    /// batch), so the hold does not wait on the allocator either. A hold covers at
+    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as a
+    /// lookup waits for the lock (unless the writer had to queue for it); runs
+    /// emptied in it are dropped after it.
+    fn write_planned<P: Copy>(
+        &self,
+        hashes: &[u64],
+        plan: impl Fn(&Store, u64) -> P,
+        mut prepare: impl FnMut(usize, &[P]),
+        mut step: impl FnMut(&mut Store, usize, P),
+    ) {
+        let mut plans: SmallVec<[P; PLAN_BATCH]> = SmallVec::new();
+        let mut base = 0;
+        for batch in hashes.chunks(PLAN_BATCH) {
+            plans.clear();
+            {
+                let store = self.read();
+                plans.extend(batch.iter().map(|&h| plan(&store, h)));
+            }
+            let mut j = 0;
+            while j < batch.len() {
+                prepare(base + j, &plans[j..]);
                 let (mut store, turn) = self.store.0.write_in_turn();
                 let yielding = turn == Turn::Opening;
-                let stop = end.min(i + WRITE_BATCH);
+                let stop = batch.len().min(j + WRITE_BATCH);
                 loop {
-                    step(&mut store, i);
-                    i += 1;
-                    if i == stop || (yielding && self.store.0.readers_waiting()) {
+                    step(&mut store, base + j, plans[j]);
+                    j += 1;
+                    if j == stop || (yielding && self.store.0.readers_waiting()) {
                         break;
                     }
                 }
+                let emptied = store.take_retired();
+                drop(store);
+                drop(emptied);
             }
+            base += batch.len();
         }
     }
 
@@ -322,16 +339,43 @@ impl ScopeIndex {
         stamp_of: impl Fn(usize) -> u64,
     ) -> u64 {
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
-        let mut prev = parent;
-        self.write_in_holds(hashes, |store, i| {
-            let h = hashes[i];
-            let stamp = stamp_of(i);
-            newest = newest.max(stamp);
-            let stored = store.store_block(h, prev, slot, stamp, hashes.len() - i);
-            created += u64::from(stored.created);
-            newly_held += u64::from(stored.newly_held);
-            prev = Some(h);
-        });
+        let mut prev: Option<Loc> = None;
+        // A fresh run's vector, allocated off the lock when a hold may need one.
+        let spare: Cell<Option<Vec<Slot>>> = Cell::new(None);
+        self.write_planned(
+            hashes,
+            Store::plan_store,
+            |i, plans| {
+                let mut s = spare.take();
+                // Sized like the run the first new block would start.
+                if s.is_none()
+                    && let Some(first) = plans.iter().position(Planned::is_new)
+                {
+                    s = Some(Vec::with_capacity(hashes.len() - i - first));
+                }
+                spare.set(s);
+            },
+            |store, i, planned| {
+                if i == 0 {
+                    prev = parent.and_then(|p| store.loc_of(p));
+                }
+                let stamp = stamp_of(i);
+                newest = newest.max(stamp);
+                let mut run = spare.take();
+                let stored = store.store_planned(
+                    hashes[i],
+                    planned,
+                    &mut prev,
+                    slot,
+                    stamp,
+                    hashes.len() - i,
+                    &mut run,
+                );
+                spare.set(run);
+                created += u64::from(stored.created);
+                newly_held += u64::from(stored.newly_held);
+            },
+        );
         self.add_entries(created);
         live.add_prefixes(newly_held);
         self.note_store(newest);
@@ -354,7 +398,8 @@ impl ScopeIndex {
         token_count: u32,
         stamp: u64,
     ) -> bool {
-        let mut store = self.write();
+        let mut guard = self.write();
+        let store = &mut *guard;
         let (created, newly_held) = match key {
             EntryKey::Block(h) => {
                 let s = store.store_block(*h, prev, slot, stamp, 1);
@@ -366,7 +411,7 @@ impl ScopeIndex {
                     if token_count > 0 {
                         pe.token_count = token_count;
                     }
-                    (false, pe.entry.holders.add(slot))
+                    (false, pe.entry.holders.add(&mut store.lists, slot))
                 }
                 None => {
                     store.prefixes.insert(
@@ -380,7 +425,7 @@ impl ScopeIndex {
                 }
             },
         };
-        drop(store);
+        drop(guard);
         self.add_entries(u64::from(created));
         live.add_prefixes(u64::from(newly_held));
         self.note_store(stamp);
@@ -390,20 +435,25 @@ impl ScopeIndex {
     /// Drops one reference of `slot` on each block. Returns the entries removed
     /// because their last holder went.
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
-        let (mut removed, mut released) = (0u64, 0u64);
-        self.write_in_holds(hashes, |store, i| {
-            let key = EntryKey::Block(hashes[i]);
-            let Some(e) = store.get_mut(&key) else {
-                return;
-            };
-            if e.holders.release(slot) == Release::Released {
-                released += 1;
-                if e.holders.is_empty() {
-                    store.take(&key);
-                    removed += 1;
-                }
-            }
-        });
+        let (mut removed, mut released, mut sparse) = (0u64, 0u64, false);
+        self.write_planned(
+            hashes,
+            Store::plan_removal,
+            |_, _| {},
+            |store, i, planned| {
+                let (release, gone) = store.release_planned(hashes[i], planned, slot);
+                released += u64::from(release == Release::Released);
+                removed += u64::from(gone);
+                sparse = store.has_sparse();
+            },
+        );
+        // Runs this event left mostly vacant (rather than empty) are compacted now.
+        if sparse {
+            let mut store = self.write();
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
+        }
         self.sub_entries(removed);
         live.sub_prefixes(released);
         removed
@@ -418,7 +468,8 @@ impl ScopeIndex {
         let tiers = [Tier::Cpu, Tier::Disk].map(|t| tier_slot(slot, t));
         let lower = self.has_lower_tiers();
         self.scan(|k, e| {
-            if e.holders.contains(slot) || (lower && tiers.iter().any(|&t| e.holders.contains(t))) {
+            let holders = e.holders();
+            if holders.contains(slot) || (lower && tiers.iter().any(|&t| holders.contains(t))) {
                 keys.push(k.to_owned());
             }
         });
@@ -426,20 +477,23 @@ impl ScopeIndex {
         for batch in keys.chunks(SWEEP_BATCH) {
             let mut store = self.write();
             for key in batch {
-                let Some(e) = store.get_mut(key) else {
+                let Some((holders, lists)) = store.holders_mut(key) else {
                     continue;
                 };
-                let mut held = e.holders.remove_all(slot);
+                let mut held = holders.remove_all(lists, slot);
                 if lower {
                     for &t in &tiers {
-                        held |= e.holders.remove_all(t);
+                        held |= holders.remove_all(lists, t);
                     }
                 }
-                if held && e.holders.is_empty() {
+                if held && holders.is_empty() {
                     store.take(key);
                     removed += 1;
                 }
             }
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
         }
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
@@ -448,7 +502,14 @@ impl ScopeIndex {
 
     /// Removes a whole entry, whoever holds it. Returns false when it was gone.
     pub(crate) fn evict(&self, key: &EntryKey) -> bool {
-        let taken = self.write().take(key);
+        let taken = {
+            let mut store = self.write();
+            let taken = store.take(key);
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
+            taken
+        };
         let Some(holders) = taken else { return false };
         self.release_holders(&holders);
         self.sub_entries(1);
@@ -475,6 +536,9 @@ impl ScopeIndex {
                         taken.push(h);
                     }
                 }
+                let emptied = store.settle();
+                drop(store);
+                drop(emptied);
             }
             for h in &taken {
                 self.release_holders(h);
@@ -488,7 +552,7 @@ impl ScopeIndex {
     /// Visits every entry, [`SCAN_CHUNK`] slots per read-lock hold (sweep
     /// candidates, clears, victim rescans). The caller holds the tenant's writer
     /// lock, so the store's layout cannot change between chunks (see `Cursor`).
-    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, &Entry)) {
+    pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, EntryRef<'_>)) {
         let mut cursor = Cursor::default();
         loop {
             let more = self.read().visit(&mut cursor, SCAN_CHUNK, &mut f);
@@ -610,7 +674,7 @@ impl ScopeIndex {
                 return false;
             }
             // Only GPU holders in slots 0..64 (most entries): one mask test each.
-            if let Some(mask) = e.holders.low_mask() {
+            if let Some(mask) = e.holders().low_mask() {
                 alive.retain(|m| {
                     let held = mask & (1u64 << (members[*m as usize] % 64)) != 0
                         && members[*m as usize] < 64;
@@ -621,7 +685,7 @@ impl ScopeIndex {
                 });
                 return !alive.is_empty();
             }
-            for holder in e.holders.slots() {
+            for holder in e.holders().slots() {
                 let (slot, code) = split_slot(holder);
                 let w = weights.get(code as usize).copied().unwrap_or(0.0);
                 match member_of.get(slot as usize) {
@@ -644,7 +708,7 @@ impl ScopeIndex {
                 w > 0.0
             });
             // Holders that were not alive leave their weight behind: clear it.
-            for holder in e.holders.slots() {
+            for holder in e.holders().slots() {
                 if let Some(&m) = member_of.get(split_slot(holder).0 as usize)
                     && m > 0
                 {
@@ -682,6 +746,7 @@ impl ScopeIndex {
             out.holders.extend(
                 pe.entry
                     .holders
+                    .with(&store.lists)
                     .slots()
                     .filter_map(|s| serving.member_of(s))
                     .map(|m| m as u16),
@@ -765,13 +830,43 @@ mod tests {
         assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 70);
         scope.store.0.set_waiting(0);
         assert_eq!(live.prefix_count(), 70);
-        let end = scope.read().walk(&chain, |_, e| e.holders.contains(0));
+        let end = scope.read().walk(&chain, |_, e| e.holders().contains(0));
         assert_eq!(end, 70);
         scope.store.0.set_waiting(1);
         assert_eq!(scope.remove_blocks(0, &live, &chain[10..]), 60);
         scope.store.0.set_waiting(0);
         assert_eq!(live.prefix_count(), 10);
         assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
+    }
+
+    #[test]
+    fn planned_writes_handle_repeats_and_runs_emptied_or_thinned_mid_event() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let chain: Vec<u64> = (1..=40).map(|i: u64| i << 20 | 7).collect();
+        assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 40);
+        // A hash named twice in one event: planned absent both times, stored once
+        // with two references.
+        let (a, b) = (1u64 << 50, 2u64 << 50);
+        assert_eq!(scope.insert_blocks(1, &live, None, &[a, b, a], |_| 1), 2);
+        assert_eq!(scope.remove_blocks(1, &live, &[a]), 0, "one reference left");
+        // Removed twice in one event: the second finds it gone.
+        assert_eq!(scope.remove_blocks(1, &live, &[a, a, b, b]), 2);
+        assert!(!scope.contains(&EntryKey::Block(a)));
+        // Thinning a run past the compaction line in one event, then further in
+        // the same event: compacted once at the end, the rest still walkable.
+        assert_eq!(scope.remove_blocks(0, &live, &chain[..35]), 35);
+        {
+            let store = scope.read();
+            assert!(!store.has_sparse());
+            assert_eq!(store.walk(&chain[35..], |_, e| e.holders().contains(0)), 5);
+            assert_eq!(store.walk(&chain[34..], |_, _| true), 0);
+        }
+        // Emptying it frees it: nothing left to compact.
+        assert_eq!(scope.remove_blocks(0, &live, &chain[35..]), 5);
+        assert!(!scope.read().has_sparse());
+        assert_eq!(scope.entries(), 0);
+        assert_eq!(live.prefix_count(), 0);
     }
 
     #[test]

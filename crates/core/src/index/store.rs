@@ -15,13 +15,21 @@
 //! New blocks of an event go to a fresh run, or are appended to the parent's run
 //! when the parent is its tail (engines that publish one block per event, like
 //! SGLang, still get contiguous runs). Runs are freed when their last entry goes
-//! and compacted when three quarters of them are vacant.
+//! and compacted when three quarters of them are vacant (once the writer's
+//! removals are done, so an event that removes a whole run never compacts it).
+//!
+//! Writers look blocks up under the shared lock first ([`Store::plan_store`],
+//! [`Store::plan_removal`]) and pass the plans in under the write lock, so the
+//! exclusive hold probes the table at most once per new block, and not at all for
+//! a block that exists or is removed.
 
 use std::hash::BuildHasher;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 
-use super::entry::{Entry, Holders};
+use smallvec::SmallVec;
+
+use super::entry::{Entry, HolderLists, Holders, HoldersRef, Release};
 
 pub(crate) type Hasher64 = foldhash::fast::RandomState;
 
@@ -42,6 +50,28 @@ pub(crate) struct Slot {
 impl Slot {
     fn is_live(&self) -> bool {
         !self.entry.holders.is_empty()
+    }
+}
+
+/// An entry as readers see it: its fields, and its holders resolved against the
+/// store's lists.
+#[derive(Clone, Copy)]
+pub(crate) struct EntryRef<'a> {
+    entry: &'a Entry,
+    lists: &'a HolderLists,
+}
+
+impl<'a> EntryRef<'a> {
+    #[inline]
+    pub fn holders(&self) -> HoldersRef<'a> {
+        self.entry.holders.with(self.lists)
+    }
+}
+
+impl std::ops::Deref for EntryRef<'_> {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        self.entry
     }
 }
 
@@ -66,19 +96,66 @@ pub(crate) struct Stored {
     pub newly_held: bool,
 }
 
+/// What a writer learned about one block of its event under the shared lock, so
+/// that the exclusive hold that follows needs no lookup for it: the table hash,
+/// and where the block already is (if it is). Exact until the writer changes the
+/// store, because all of a scope's writes are made under its tenant's writer lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Planned {
+    hash: u64,
+    found: Option<Loc>,
+}
+
+impl Planned {
+    /// The block was absent when planned: storing it creates an entry.
+    pub fn is_new(&self) -> bool {
+        self.found.is_none()
+    }
+}
+
+/// A planned removal: the table bucket holding the block, if it is stored. Bucket
+/// positions do not move while entries are only removed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlannedRemoval {
+    bucket: Option<usize>,
+}
+
+/// Runs emptied under the write lock: a hold usually empties at most a few, kept
+/// inline so that retiring them allocates nothing under the lock.
+pub(crate) type Retired = SmallVec<[Run; 4]>;
+
 /// All entries of one scope.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    blocks: HashMap<u64, Loc, Hasher64>,
+    /// block hash → location, keyed by the hash it stores (rehashing reads no slot).
+    blocks: HashTable<(u64, Loc)>,
+    hasher: Hasher64,
     runs: Vec<Option<Run>>,
     free_runs: Vec<u32>,
+    /// Runs emptied under the write lock, dropped by the writer after it lets go.
+    retired: Retired,
+    /// Runs that became mostly vacant, to compact in [`Store::settle`].
+    sparse: Vec<u32>,
     pub prefixes: HashMap<Box<str>, PrefixEntry, Hasher64>,
+    /// The holder lists of entries held by several replicas (blocks and prefixes).
+    pub lists: HolderLists,
 }
 
 impl Store {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.blocks.len() + self.prefixes.len()
+    }
+
+    #[inline]
+    fn table_hash(&self, block: u64) -> u64 {
+        self.hasher.hash_one(block)
+    }
+
+    #[inline]
+    pub fn loc_of(&self, block: u64) -> Option<Loc> {
+        let hash = self.table_hash(block);
+        self.blocks.find(hash, |e| e.0 == block).map(|e| e.1)
     }
 
     fn slot(&self, loc: Loc) -> Option<&Slot> {
@@ -89,17 +166,9 @@ impl Store {
             .get(loc.off as usize)
     }
 
-    fn slot_mut(&mut self, loc: Loc) -> Option<&mut Slot> {
-        self.runs
-            .get_mut(loc.run as usize)?
-            .as_mut()?
-            .slots
-            .get_mut(loc.off as usize)
-    }
-
     /// The entry of a block hash.
     pub fn block(&self, hash: u64) -> Option<&Entry> {
-        let loc = *self.blocks.get(&hash)?;
+        let loc = self.loc_of(hash)?;
         self.slot(loc).map(|s| &s.entry)
     }
 
@@ -110,21 +179,29 @@ impl Store {
         }
     }
 
-    pub fn get_mut(&mut self, key: &EntryKey) -> Option<&mut Entry> {
-        match key {
+    /// An entry's holders, to change, with the lists they may spill to.
+    pub fn holders_mut(&mut self, key: &EntryKey) -> Option<(&mut Holders, &mut HolderLists)> {
+        let holders = match key {
             EntryKey::Block(h) => {
-                let loc = *self.blocks.get(h)?;
-                self.slot_mut(loc).map(|s| &mut s.entry)
+                let loc = self.loc_of(*h)?;
+                let slot = self
+                    .runs
+                    .get_mut(loc.run as usize)?
+                    .as_mut()?
+                    .slots
+                    .get_mut(loc.off as usize)?;
+                &mut slot.entry.holders
             }
-            EntryKey::Prefix(p) => self.prefixes.get_mut(&**p).map(|p| &mut p.entry),
-        }
+            EntryKey::Prefix(p) => &mut self.prefixes.get_mut(&**p)?.entry.holders,
+        };
+        Some((holders, &mut self.lists))
     }
 
     /// Walks a chain: calls `visit(i, entry)` for each block while it exists,
     /// and stops at the first absent block or when `visit` returns false.
     /// Returns the index where the walk stopped.
     #[inline]
-    pub fn walk(&self, chain: &[u64], mut visit: impl FnMut(usize, &Entry) -> bool) -> usize {
+    pub fn walk(&self, chain: &[u64], mut visit: impl FnMut(usize, EntryRef<'_>) -> bool) -> usize {
         // The current run's slots and the offset of the last block found in it.
         let (mut run, mut off): (&[Slot], usize) = (&[], 0);
         for (i, &h) in chain.iter().enumerate() {
@@ -135,7 +212,7 @@ impl Store {
                     s
                 }
                 None => {
-                    let Some(&loc) = self.blocks.get(&h) else {
+                    let Some(loc) = self.loc_of(h) else {
                         return i;
                     };
                     let Some(r) = self.runs.get(loc.run as usize).and_then(Option::as_ref) else {
@@ -146,18 +223,44 @@ impl Store {
                     s
                 }
             };
-            if !visit(i, &slot.entry) {
+            let e = EntryRef {
+                entry: &slot.entry,
+                lists: &self.lists,
+            };
+            if !visit(i, e) {
                 return i;
             }
         }
         chain.len()
     }
 
-    fn new_run(&mut self, capacity: usize) -> u32 {
-        let run = Run {
-            slots: Vec::with_capacity(capacity),
-            live: 0,
+    /// Looks a block up for a later [`Self::store_planned`] (under the shared lock).
+    #[inline]
+    pub fn plan_store(&self, block: u64) -> Planned {
+        let hash = self.table_hash(block);
+        Planned {
+            hash,
+            found: self.blocks.find(hash, |e| e.0 == block).map(|e| e.1),
+        }
+    }
+
+    /// Looks a block up for a later [`Self::release_planned`] (under the shared lock).
+    #[inline]
+    pub fn plan_removal(&self, block: u64) -> PlannedRemoval {
+        let hash = self.table_hash(block);
+        PlannedRemoval {
+            bucket: self.blocks.find_bucket_index(hash, |e| e.0 == block),
+        }
+    }
+
+    /// Where a new run for `capacity` slots goes; `spare` (allocated by the writer
+    /// before it took the lock) becomes its vector when it is given.
+    fn new_run(&mut self, capacity: usize, spare: &mut Option<Vec<Slot>>) -> u32 {
+        let slots = match spare.take() {
+            Some(v) if v.is_empty() => v,
+            _ => Vec::with_capacity(capacity),
         };
+        let run = Run { slots, live: 0 };
         match self.free_runs.pop() {
             Some(id) => {
                 self.runs[id as usize] = Some(run);
@@ -170,7 +273,15 @@ impl Store {
         }
     }
 
-    /// Stores one block for `slot` after `prev` (the chain's previous block, if
+    /// Whether `loc` is the last slot of its run (a new block after it can join it).
+    fn ends_run(&self, loc: Loc) -> bool {
+        self.runs
+            .get(loc.run as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|r| r.slots.len() == loc.off as usize + 1)
+    }
+
+    /// Stores one block for `holder` after `prev` (the chain's previous block, if
     /// known). `room` is how many new blocks may follow in this event, to size a
     /// fresh run.
     pub fn store_block(
@@ -181,29 +292,65 @@ impl Store {
         stamp: u64,
         room: usize,
     ) -> Stored {
-        if let Some(&loc) = self.blocks.get(&hash)
-            && let Some(s) = self.slot_mut(loc)
-        {
-            s.entry.last_seen = s.entry.last_seen.max(stamp);
-            let newly_held = s.entry.holders.add(holder);
-            return Stored {
-                created: false,
-                newly_held,
-            };
+        let planned = self.plan_store(hash);
+        let mut prev = prev.and_then(|p| self.loc_of(p));
+        self.store_planned(hash, planned, &mut prev, holder, stamp, room, &mut None)
+    }
+
+    /// [`Self::store_block`] with the lookups done beforehand: `planned` from
+    /// [`Self::plan_store`] (made since the last change to the store, or for a
+    /// block this event created), `prev` where the chain's previous block is (set
+    /// to this block's location on return). A block already stored costs no table
+    /// lookup; a new one one insertion.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store_planned(
+        &mut self,
+        block: u64,
+        planned: Planned,
+        prev: &mut Option<Loc>,
+        holder: u32,
+        stamp: u64,
+        room: usize,
+        spare: &mut Option<Vec<Slot>>,
+    ) -> Stored {
+        if let Some(loc) = planned.found {
+            return self.hold_at(loc, prev, holder, stamp);
         }
-        // Append right after the previous block when it ends its run.
-        let tail_of = prev
-            .and_then(|p| self.blocks.get(&p).copied())
-            .filter(|l| {
-                self.runs
-                    .get(l.run as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|r| r.slots.len() == l.off as usize + 1)
-            })
-            .map(|l| l.run);
-        let run_id = match tail_of {
-            Some(r) => r,
-            None => self.new_run(room.max(1)),
+        // Absent when planned; but the event may name it twice.
+        let run_id = match *prev {
+            Some(l) if self.ends_run(l) => l.run,
+            _ => u32::MAX,
+        };
+        let hasher = &self.hasher;
+        let vacant =
+            match self
+                .blocks
+                .entry(planned.hash, |e| e.0 == block, |e| hasher.hash_one(e.0))
+            {
+                hashbrown::hash_table::Entry::Occupied(o) => {
+                    let loc = o.get().1;
+                    return self.hold_at(loc, prev, holder, stamp);
+                }
+                hashbrown::hash_table::Entry::Vacant(v) => v,
+            };
+        let run_id = if run_id == u32::MAX {
+            // A fresh run: its index is only known once a slot is free or pushed,
+            // so claim it with the entry still vacant (the table is borrowed).
+            let id = match self.free_runs.last() {
+                Some(&id) => id,
+                None => self.runs.len() as u32,
+            };
+            let loc = Loc { run: id, off: 0 };
+            vacant.insert((block, loc));
+            let created = self.new_run(room.max(1), spare);
+            debug_assert_eq!(created, id);
+            id
+        } else {
+            let off = self.runs[run_id as usize]
+                .as_ref()
+                .map_or(0, |r| r.slots.len() as u32);
+            vacant.insert((block, Loc { run: run_id, off }));
+            run_id
         };
         let Some(run) = self.runs.get_mut(run_id as usize).and_then(Option::as_mut) else {
             return Stored {
@@ -213,38 +360,173 @@ impl Store {
         };
         let off = run.slots.len() as u32;
         run.slots.push(Slot {
-            hash,
+            hash: block,
             entry: Entry::new(holder, stamp),
         });
         run.live += 1;
-        self.blocks.insert(hash, Loc { run: run_id, off });
+        *prev = Some(Loc { run: run_id, off });
         Stored {
             created: true,
             newly_held: true,
         }
     }
 
-    /// Removes a whole entry, returning its holders.
-    pub fn take(&mut self, key: &EntryKey) -> Option<Holders> {
-        match key {
-            EntryKey::Block(h) => self.take_block(*h),
-            EntryKey::Prefix(p) => self.prefixes.remove(&**p).map(|p| p.entry.holders),
+    /// One more reference to an existing block.
+    fn hold_at(&mut self, loc: Loc, prev: &mut Option<Loc>, holder: u32, stamp: u64) -> Stored {
+        *prev = Some(loc);
+        let Some(s) = self
+            .runs
+            .get_mut(loc.run as usize)
+            .and_then(Option::as_mut)
+            .and_then(|r| r.slots.get_mut(loc.off as usize))
+        else {
+            return Stored {
+                created: false,
+                newly_held: false,
+            };
+        };
+        s.entry.last_seen = s.entry.last_seen.max(stamp);
+        let newly_held = s.entry.holders.add(&mut self.lists, holder);
+        Stored {
+            created: false,
+            newly_held,
         }
     }
 
-    fn take_block(&mut self, hash: u64) -> Option<Holders> {
-        let loc = self.blocks.remove(&hash)?;
-        let run = self.runs.get_mut(loc.run as usize)?.as_mut()?;
-        let slot = run.slots.get_mut(loc.off as usize)?;
-        let holders = std::mem::replace(&mut slot.entry.holders, Holders::vacant());
+    /// Drops one reference of `holder` on a block planned by
+    /// [`Self::plan_removal`] (since the last insertion). Returns what the release
+    /// did, and whether the entry was removed because its last holder went.
+    pub fn release_planned(
+        &mut self,
+        block: u64,
+        planned: PlannedRemoval,
+        holder: u32,
+    ) -> (Release, bool) {
+        // The bucket still holds the block unless this event removed it already
+        // (only an insertion could give the bucket to another key).
+        let Some((bucket, loc)) = planned
+            .bucket
+            .and_then(|b| match self.blocks.get_bucket(b) {
+                Some(&(h, loc)) if h == block => Some((b, loc)),
+                _ => None,
+            })
+        else {
+            return (Release::NotHeld, false);
+        };
+        let Some(slot) = self
+            .runs
+            .get_mut(loc.run as usize)
+            .and_then(Option::as_mut)
+            .and_then(|r| r.slots.get_mut(loc.off as usize))
+        else {
+            return (Release::NotHeld, false);
+        };
+        let released = slot.entry.holders.release(&mut self.lists, holder);
+        if released != Release::Released || !slot.entry.holders.is_empty() {
+            return (released, false);
+        }
+        if let Ok(e) = self.blocks.get_bucket_entry(bucket) {
+            e.remove();
+        }
+        self.vacate(loc);
+        (released, true)
+    }
+
+    /// Removes a whole entry, returning the slots that held it.
+    pub fn take(&mut self, key: &EntryKey) -> Option<SmallVec<[u32; 4]>> {
+        match key {
+            EntryKey::Block(h) => self.take_block(*h),
+            EntryKey::Prefix(p) => self
+                .prefixes
+                .remove(&**p)
+                .map(|mut p| p.entry.holders.take(&mut self.lists)),
+        }
+    }
+
+    fn take_block(&mut self, block: u64) -> Option<SmallVec<[u32; 4]>> {
+        let hash = self.table_hash(block);
+        let entry = self.blocks.find_entry(hash, |e| e.0 == block).ok()?;
+        let ((_, loc), _) = entry.remove();
+        let slot = self
+            .runs
+            .get_mut(loc.run as usize)?
+            .as_mut()?
+            .slots
+            .get_mut(loc.off as usize)?;
+        let holders = slot.entry.holders.take(&mut self.lists);
+        self.vacate(loc);
+        Some(holders)
+    }
+
+    /// Counts a slot (already out of the table) as vacant: frees its run when it
+    /// was the last, notes a run that became mostly vacant for [`Self::settle`].
+    fn vacate(&mut self, loc: Loc) {
+        let Some(run) = self.runs.get_mut(loc.run as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if let Some(slot) = run.slots.get_mut(loc.off as usize) {
+            // Emptied already, unless a caller vacates a slot still held.
+            if slot.entry.holders.is_empty() {
+                slot.entry.holders = Holders::vacant();
+            } else {
+                slot.entry.holders.take(&mut self.lists);
+            }
+        }
         run.live = run.live.saturating_sub(1);
         if run.live == 0 {
-            self.runs[loc.run as usize] = None;
+            if let Some(run) = self.runs[loc.run as usize].take() {
+                self.retired.push(run);
+            }
             self.free_runs.push(loc.run);
-        } else if (run.live as usize) * 4 < run.slots.len() && run.slots.len() >= 16 {
-            self.compact(loc.run);
+            // Freed before it was compacted (a few entries at most).
+            self.sparse.retain(|&r| r != loc.run);
+        } else if Self::is_sparse(run) && !Self::is_sparse_with(run.live + 1, run.slots.len()) {
+            // Just crossed the line; compacted by `settle`, once the writer's
+            // removals are done (an event that empties the run frees it instead).
+            self.sparse.push(loc.run);
         }
-        Some(holders)
+    }
+
+    fn is_sparse(run: &Run) -> bool {
+        Self::is_sparse_with(run.live, run.slots.len())
+    }
+
+    /// Less than a quarter of a run of at least 16 slots is live.
+    fn is_sparse_with(live: u32, len: usize) -> bool {
+        (live as usize) * 4 < len && len >= 16
+    }
+
+    /// Whether runs wait for [`Self::settle`].
+    pub fn has_sparse(&self) -> bool {
+        !self.sparse.is_empty()
+    }
+
+    /// Compacts the runs that became mostly vacant since the last call and still
+    /// are, and hands over the runs emptied meanwhile, for the caller to drop once
+    /// it has let go of the lock. Every writer that removes entries calls it
+    /// before it lets go of the store for good (the write lock may be let go and
+    /// taken again in between).
+    #[must_use = "drop the emptied runs after the lock"]
+    pub fn settle(&mut self) -> Retired {
+        let mut sparse = std::mem::take(&mut self.sparse);
+        for &run in &sparse {
+            if self
+                .runs
+                .get(run as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(Self::is_sparse)
+            {
+                self.compact(run);
+            }
+        }
+        sparse.clear();
+        self.sparse = sparse;
+        self.take_retired()
+    }
+
+    /// The runs emptied since the last call, for the writer to drop off the lock.
+    pub fn take_retired(&mut self) -> Retired {
+        std::mem::take(&mut self.retired)
     }
 
     /// Drops the vacant slots of a mostly empty run, keeping chain order.
@@ -255,8 +537,9 @@ impl Store {
         run.slots.retain(Slot::is_live);
         run.slots.shrink_to_fit();
         for (off, s) in run.slots.iter().enumerate() {
-            if let Some(loc) = self.blocks.get_mut(&s.hash) {
-                loc.off = off as u32;
+            let hash = self.hasher.hash_one(s.hash);
+            if let Some(e) = self.blocks.find_mut(hash, |e| e.0 == s.hash) {
+                e.1.off = off as u32;
             }
         }
     }
@@ -270,7 +553,7 @@ impl Store {
         &self,
         cursor: &mut Cursor,
         budget: usize,
-        f: &mut impl FnMut(EntryKeyRef<'_>, &Entry),
+        f: &mut impl FnMut(EntryKeyRef<'_>, EntryRef<'_>),
     ) -> bool {
         let mut left = budget;
         while cursor.run < self.runs.len() {
@@ -286,7 +569,11 @@ impl Store {
                 let s = &run.slots[cursor.off];
                 cursor.off += 1;
                 if s.is_live() {
-                    f(EntryKeyRef::Block(s.hash), &s.entry);
+                    let e = EntryRef {
+                        entry: &s.entry,
+                        lists: &self.lists,
+                    };
+                    f(EntryKeyRef::Block(s.hash), e);
                 }
             }
             cursor.run += 1;
@@ -302,7 +589,11 @@ impl Store {
             left -= 1;
             if let Some((p, e)) = rest.next() {
                 cursor.prefix += 1;
-                f(EntryKeyRef::Prefix(p), &e.entry);
+                let e = EntryRef {
+                    entry: &e.entry,
+                    lists: &self.lists,
+                };
+                f(EntryKeyRef::Prefix(p), e);
             }
         }
         false
@@ -381,6 +672,11 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_block_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
+    }
+
+    #[test]
     fn walk_follows_runs_and_falls_back_to_the_table() {
         let mut s = Store::default();
         let c = chain(8);
@@ -405,6 +701,9 @@ mod tests {
         for &h in &c[..25] {
             s.take(&EntryKey::Block(h));
         }
+        assert!(s.has_sparse());
+        let _ = s.settle();
+        assert!(!s.has_sparse());
         // Compacted: 7 live slots left, still walkable from block 25.
         assert_eq!(s.walk(&c[25..], |_, _| true), 7);
         let run_len: usize = s.runs.iter().flatten().map(|r| r.slots.len()).sum();

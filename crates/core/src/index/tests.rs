@@ -148,7 +148,7 @@ fn holdings(ix: &Index, tenant: &str) -> BTreeMap<String, BTreeSet<String>> {
             EntryKeyRef::Prefix(p) => format!("p:{p}"),
         };
         let ids = e
-            .holders
+            .holders()
             .slots()
             .map(|slot| {
                 table
