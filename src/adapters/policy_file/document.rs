@@ -78,6 +78,11 @@ pub fn parse_file(path: &Path, text: &str, problems: &mut Vec<String>) -> Vec<(O
             return Vec::new();
         }
     };
+    if docs.is_empty() {
+        // Most likely a file caught between a writer's truncate and its write; an
+        // intentionally empty file has no use, so refusing it loses nothing.
+        problems.push(format!("{file}: no objects (an empty file is refused)"));
+    }
     let mut objects = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
         let at = format!("{file}: document {}", i + 1);

@@ -102,6 +102,13 @@ pub fn read_sources(path: &Path) -> io::Result<Vec<Source>> {
             }
         }
         files.sort();
+        if files.is_empty() {
+            // Like an empty file: nothing to route by, so never a good load.
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no *.yaml or *.yml files in the directory",
+            ));
+        }
         files
     } else {
         vec![path.to_path_buf()]

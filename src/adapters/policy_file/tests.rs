@@ -104,6 +104,65 @@ fn bad_yaml_names_the_file() {
 }
 
 #[test]
+fn an_empty_file_or_directory_is_refused() {
+    let e = load_err(&[("t.yaml", TENANT), ("p.yaml", "")]);
+    assert!(e.contains("p.yaml: no objects"), "{e}");
+    let e = load_err(&[("t.yaml", TENANT), ("p.yaml", "# nothing yet\n")]);
+    assert!(e.contains("p.yaml: no objects"), "{e}");
+    let e = load_err(&[]);
+    assert!(e.contains("no *.yaml or *.yml files"), "{e}");
+}
+
+#[test]
+fn a_file_caught_mid_write_is_read_again_before_it_is_parsed() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    let file = dir.write("p.yaml", &policy("{minimumMatchedTokens: 10}"));
+    let (first, loaded) = watch::poll(dir.path(), None, || {}).unwrap();
+    assert_eq!(
+        loaded
+            .unwrap()
+            .snapshot
+            .tenant("acme")
+            .policy
+            .minimum_matched_tokens,
+        10
+    );
+
+    // The poll reads the file truncated; the writer finishes while it settles.
+    std::fs::write(&file, "").unwrap();
+    let write = || std::fs::write(&file, policy("{minimumMatchedTokens: 20}")).unwrap();
+    assert!(
+        watch::poll(dir.path(), Some(first), write).is_none(),
+        "a changing file waits"
+    );
+    let (second, loaded) = watch::poll(dir.path(), Some(first), || {}).unwrap();
+    assert_eq!(
+        loaded
+            .unwrap()
+            .snapshot
+            .tenant("acme")
+            .policy
+            .minimum_matched_tokens,
+        20
+    );
+    assert!(
+        watch::poll(dir.path(), Some(second), || {}).is_none(),
+        "unchanged"
+    );
+
+    // A file that stays empty is an error, and the caller keeps its last good load.
+    std::fs::write(&file, "").unwrap();
+    let (_, outcome) = watch::poll(dir.path(), Some(second), || {}).unwrap();
+    assert!(
+        outcome
+            .unwrap_err()
+            .to_string()
+            .contains("p.yaml: no objects")
+    );
+}
+
+#[test]
 fn unknown_kind_is_an_error() {
     let e = load_err(&[(
         "a.yaml",

@@ -109,27 +109,49 @@ pub async fn watch_loaded(
     loop {
         let p = path.clone();
         let seen = last;
-        let polled = tokio::task::spawn_blocking(move || poll(&p, seen)).await;
+        let polled =
+            tokio::task::spawn_blocking(move || poll(&p, seen, || std::thread::sleep(SETTLE)))
+                .await;
         match polled {
-            Ok((fp, Some(outcome))) => {
+            Ok(Some((fp, outcome))) => {
                 last = Some(fp);
                 apply(outcome, &on_load, &status);
             }
-            Ok((_, None)) => {}
+            Ok(None) => {}
             Err(e) => status.record_error(format!("policy reload task failed: {e}")),
         }
         tokio::time::sleep(interval).await;
     }
 }
 
-/// Reads the files; parses them only when their fingerprint differs from `seen`.
-/// A read error is fingerprinted by its text, so a lasting error counts once.
-fn poll(path: &std::path::Path, seen: Option<u64>) -> (u64, Option<Result<Loaded, LoadError>>) {
+/// How long a changed configuration must stay unchanged before it is parsed.
+/// Writers truncate and then write, so a poll can catch a file empty or half
+/// written; a valid prefix of a multi-document file (or an empty file in a
+/// directory) would otherwise load as a smaller, wrong policy.
+pub(super) const SETTLE: Duration = Duration::from_millis(50);
+
+/// Reads the files; when their fingerprint differs from `seen` and a second read
+/// after `settle` (waiting [`SETTLE`]) agrees, parses them. `None`: nothing to
+/// apply yet (unchanged, or still being written; the next poll looks again). A
+/// read error is fingerprinted by its text, so a lasting error counts once.
+pub(super) fn poll(
+    path: &std::path::Path,
+    seen: Option<u64>,
+    settle: impl FnOnce(),
+) -> Option<(u64, Result<Loaded, LoadError>)> {
+    let (fp, _) = read(path);
+    if seen == Some(fp) {
+        return None;
+    }
+    settle();
+    let (again, outcome) = read(path);
+    (again == fp).then(|| (fp, outcome.and_then(|sources| parse(&sources))))
+}
+
+/// The configuration's fingerprint, with its sources or the read error.
+fn read(path: &std::path::Path) -> (u64, Result<Vec<super::Source>, LoadError>) {
     match read_sources(path) {
-        Ok(sources) => {
-            let fp = fingerprint(&sources);
-            (fp, (seen != Some(fp)).then(|| parse(&sources)))
-        }
+        Ok(sources) => (fingerprint(&sources), Ok(sources)),
         Err(e) => {
             let text = format!("{}: {e}", path.display());
             let fp = fingerprint(&[super::Source {
@@ -138,10 +160,8 @@ fn poll(path: &std::path::Path, seen: Option<u64>) -> (u64, Option<Result<Loaded
             }]);
             (
                 fp,
-                (seen != Some(fp)).then(|| {
-                    Err(LoadError {
-                        problems: vec![text],
-                    })
+                Err(LoadError {
+                    problems: vec![text],
                 }),
             )
         }
