@@ -2,7 +2,7 @@
 //! sit next to each other in memory.
 //!
 //! ```text
-//! blocks: block hash ──▶ Loc { run, off }
+//! blocks: block hash ──▶ Bucket { tag, run, off }   (10 bytes; the tag is the table hash)
 //! runs[run].slots:  [ (hash₀, Entry) (hash₁, Entry) (hash₂, Entry) … ]
 //! ```
 //!
@@ -38,6 +38,52 @@ pub(crate) type Hasher64 = foldhash::fast::RandomState;
 pub(crate) struct Loc {
     pub run: u32,
     pub off: u32,
+}
+
+/// Slots a run holds at most, so that an offset fits a bucket's 16 bits. An event
+/// with more new blocks continues in a fresh run (the walk's table fallback).
+const RUN_SLOTS: usize = 1 << 16;
+
+/// One table bucket: 32 bits of the block's table hash and its location, packed
+/// into 10 bytes (a `(u64, Loc)` bucket is 16).
+///
+/// The tag *is* the table hash ([`spread`] widens it for hashbrown), so growing
+/// the table reads no slot. It also screens comparisons: a probe reads the slot
+/// (for the exact 64-bit block hash) only when the tags agree, which is the block
+/// itself but for a 1-in-2³² chance. 32 bits address up to 2³² buckets.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(2))]
+struct Bucket {
+    tag: u32,
+    run: u32,
+    off: u16,
+}
+
+impl Bucket {
+    #[inline]
+    fn new(tag: u32, loc: Loc) -> Self {
+        debug_assert!((loc.off as usize) < RUN_SLOTS);
+        Self {
+            tag,
+            run: loc.run,
+            off: loc.off as u16,
+        }
+    }
+
+    #[inline]
+    fn loc(self) -> Loc {
+        Loc {
+            run: self.run,
+            off: u32::from(self.off),
+        }
+    }
+}
+
+/// The 64-bit hash hashbrown takes, from a 32-bit tag: the bucket index comes from
+/// the low bits, the control byte from the top seven, all of them the tag's.
+#[inline]
+fn spread(tag: u32) -> u64 {
+    u64::from(tag) | (u64::from(tag) << 32)
 }
 
 /// One stored block: its hash and its entry. A vacant slot has no holders.
@@ -102,7 +148,7 @@ pub(crate) struct Stored {
 /// store, because all of a scope's writes are made under its tenant's writer lock.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Planned {
-    hash: u64,
+    tag: u32,
     found: Option<Loc>,
 }
 
@@ -113,8 +159,10 @@ impl Planned {
     }
 }
 
-/// A planned removal: the table bucket holding the block, if it is stored. Bucket
-/// positions do not move while entries are only removed.
+/// A planned removal: the first table bucket with the block's tag, if any: the
+/// block's own but for a 1-in-2³² chance, which [`Store::release_planned`]
+/// checks against the slot (so planning reads no slot). Bucket positions do not
+/// move while entries are only removed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PlannedRemoval {
     bucket: Option<usize>,
@@ -127,8 +175,9 @@ pub(crate) type Retired = SmallVec<[Run; 4]>;
 /// All entries of one scope.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    /// block hash → location, keyed by the hash it stores (rehashing reads no slot).
-    blocks: HashTable<(u64, Loc)>,
+    /// block hash → location. Every bucket names a live slot (removals leave the
+    /// table first), so the slot's hash is the key.
+    blocks: HashTable<Bucket>,
     hasher: Hasher64,
     runs: Vec<Option<Run>>,
     free_runs: Vec<u32>,
@@ -147,23 +196,23 @@ impl Store {
         self.blocks.len() + self.prefixes.len()
     }
 
+    /// The block's bucket tag (its table hash).
     #[inline]
-    fn table_hash(&self, block: u64) -> u64 {
-        self.hasher.hash_one(block)
+    fn tag(&self, block: u64) -> u32 {
+        self.hasher.hash_one(block) as u32
     }
 
     #[inline]
     pub fn loc_of(&self, block: u64) -> Option<Loc> {
-        let hash = self.table_hash(block);
-        self.blocks.find(hash, |e| e.0 == block).map(|e| e.1)
+        let tag = self.tag(block);
+        let runs = &self.runs;
+        self.blocks
+            .find(spread(tag), |b| holds(runs, *b, tag, block))
+            .map(|b| b.loc())
     }
 
     fn slot(&self, loc: Loc) -> Option<&Slot> {
-        self.runs
-            .get(loc.run as usize)?
-            .as_ref()?
-            .slots
-            .get(loc.off as usize)
+        slot_in(&self.runs, loc)
     }
 
     /// The entry of a block hash.
@@ -184,13 +233,7 @@ impl Store {
         let holders = match key {
             EntryKey::Block(h) => {
                 let loc = self.loc_of(*h)?;
-                let slot = self
-                    .runs
-                    .get_mut(loc.run as usize)?
-                    .as_mut()?
-                    .slots
-                    .get_mut(loc.off as usize)?;
-                &mut slot.entry.holders
+                &mut slot_in_mut(&mut self.runs, loc)?.entry.holders
             }
             EntryKey::Prefix(p) => &mut self.prefixes.get_mut(&**p)?.entry.holders,
         };
@@ -237,19 +280,23 @@ impl Store {
     /// Looks a block up for a later [`Self::store_planned`] (under the shared lock).
     #[inline]
     pub fn plan_store(&self, block: u64) -> Planned {
-        let hash = self.table_hash(block);
+        let tag = self.tag(block);
+        let runs = &self.runs;
         Planned {
-            hash,
-            found: self.blocks.find(hash, |e| e.0 == block).map(|e| e.1),
+            tag,
+            found: self
+                .blocks
+                .find(spread(tag), |b| holds(runs, *b, tag, block))
+                .map(|b| b.loc()),
         }
     }
 
     /// Looks a block up for a later [`Self::release_planned`] (under the shared lock).
     #[inline]
     pub fn plan_removal(&self, block: u64) -> PlannedRemoval {
-        let hash = self.table_hash(block);
+        let tag = self.tag(block);
         PlannedRemoval {
-            bucket: self.blocks.find_bucket_index(hash, |e| e.0 == block),
+            bucket: self.blocks.find_bucket_index(spread(tag), |b| b.tag == tag),
         }
     }
 
@@ -278,7 +325,7 @@ impl Store {
         self.runs
             .get(loc.run as usize)
             .and_then(Option::as_ref)
-            .is_some_and(|r| r.slots.len() == loc.off as usize + 1)
+            .is_some_and(|r| r.slots.len() == loc.off as usize + 1 && r.slots.len() < RUN_SLOTS)
     }
 
     /// Stores one block for `holder` after `prev` (the chain's previous block, if
@@ -321,18 +368,18 @@ impl Store {
             Some(l) if self.ends_run(l) => l.run,
             _ => u32::MAX,
         };
-        let hasher = &self.hasher;
-        let vacant =
-            match self
-                .blocks
-                .entry(planned.hash, |e| e.0 == block, |e| hasher.hash_one(e.0))
-            {
-                hashbrown::hash_table::Entry::Occupied(o) => {
-                    let loc = o.get().1;
-                    return self.hold_at(loc, prev, holder, stamp);
-                }
-                hashbrown::hash_table::Entry::Vacant(v) => v,
-            };
+        let (tag, runs) = (planned.tag, &self.runs);
+        let vacant = match self.blocks.entry(
+            spread(tag),
+            |b| holds(runs, *b, tag, block),
+            |b| spread(b.tag),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(o) => {
+                let loc = o.get().loc();
+                return self.hold_at(loc, prev, holder, stamp);
+            }
+            hashbrown::hash_table::Entry::Vacant(v) => v,
+        };
         let run_id = if run_id == u32::MAX {
             // A fresh run: its index is only known once a slot is free or pushed,
             // so claim it with the entry still vacant (the table is borrowed).
@@ -340,16 +387,15 @@ impl Store {
                 Some(&id) => id,
                 None => self.runs.len() as u32,
             };
-            let loc = Loc { run: id, off: 0 };
-            vacant.insert((block, loc));
-            let created = self.new_run(room.max(1), spare);
+            vacant.insert(Bucket::new(tag, Loc { run: id, off: 0 }));
+            let created = self.new_run(room.clamp(1, RUN_SLOTS), spare);
             debug_assert_eq!(created, id);
             id
         } else {
             let off = self.runs[run_id as usize]
                 .as_ref()
                 .map_or(0, |r| r.slots.len() as u32);
-            vacant.insert((block, Loc { run: run_id, off }));
+            vacant.insert(Bucket::new(tag, Loc { run: run_id, off }));
             run_id
         };
         let Some(run) = self.runs.get_mut(run_id as usize).and_then(Option::as_mut) else {
@@ -374,12 +420,7 @@ impl Store {
     /// One more reference to an existing block.
     fn hold_at(&mut self, loc: Loc, prev: &mut Option<Loc>, holder: u32, stamp: u64) -> Stored {
         *prev = Some(loc);
-        let Some(s) = self
-            .runs
-            .get_mut(loc.run as usize)
-            .and_then(Option::as_mut)
-            .and_then(|r| r.slots.get_mut(loc.off as usize))
-        else {
+        let Some(s) = slot_in_mut(&mut self.runs, loc) else {
             return Stored {
                 created: false,
                 newly_held: false,
@@ -402,23 +443,24 @@ impl Store {
         planned: PlannedRemoval,
         holder: u32,
     ) -> (Release, bool) {
-        // The bucket still holds the block unless this event removed it already
-        // (only an insertion could give the bucket to another key).
-        let Some((bucket, loc)) = planned
-            .bucket
-            .and_then(|b| match self.blocks.get_bucket(b) {
-                Some(&(h, loc)) if h == block => Some((b, loc)),
-                _ => None,
-            })
-        else {
+        // The bucket holds the block unless this event removed it already (only
+        // an insertion could give the bucket to another key) or the tag was
+        // another block's; then the exact lookup decides.
+        let at = |b: usize| {
+            let loc = self.blocks.get_bucket(b)?.loc();
+            (slot_in(&self.runs, loc)?.hash == block).then_some((b, loc))
+        };
+        let exact = || {
+            let (tag, runs) = (self.tag(block), &self.runs);
+            let b = self
+                .blocks
+                .find_bucket_index(spread(tag), |b| holds(runs, *b, tag, block))?;
+            at(b)
+        };
+        let Some((bucket, loc)) = planned.bucket.and_then(at).or_else(exact) else {
             return (Release::NotHeld, false);
         };
-        let Some(slot) = self
-            .runs
-            .get_mut(loc.run as usize)
-            .and_then(Option::as_mut)
-            .and_then(|r| r.slots.get_mut(loc.off as usize))
-        else {
+        let Some(slot) = slot_in_mut(&mut self.runs, loc) else {
             return (Release::NotHeld, false);
         };
         let released = slot.entry.holders.release(&mut self.lists, holder);
@@ -444,15 +486,14 @@ impl Store {
     }
 
     fn take_block(&mut self, block: u64) -> Option<SmallVec<[u32; 4]>> {
-        let hash = self.table_hash(block);
-        let entry = self.blocks.find_entry(hash, |e| e.0 == block).ok()?;
-        let ((_, loc), _) = entry.remove();
-        let slot = self
-            .runs
-            .get_mut(loc.run as usize)?
-            .as_mut()?
-            .slots
-            .get_mut(loc.off as usize)?;
+        let tag = self.tag(block);
+        let runs = &self.runs;
+        let entry = self
+            .blocks
+            .find_entry(spread(tag), |b| holds(runs, *b, tag, block))
+            .ok()?;
+        let loc = entry.remove().0.loc();
+        let slot = slot_in_mut(&mut self.runs, loc)?;
         let holders = slot.entry.holders.take(&mut self.lists);
         self.vacate(loc);
         Some(holders)
@@ -534,14 +575,20 @@ impl Store {
         let Some(run) = self.runs.get_mut(run_id as usize).and_then(Option::as_mut) else {
             return;
         };
-        run.slots.retain(Slot::is_live);
-        run.slots.shrink_to_fit();
-        for (off, s) in run.slots.iter().enumerate() {
-            let hash = self.hasher.hash_one(s.hash);
-            if let Some(e) = self.blocks.find_mut(hash, |e| e.0 == s.hash) {
-                e.1.off = off as u32;
+        // Buckets are found by their old location (unique), before slots move.
+        let live = run.slots.iter().enumerate().filter(|(_, s)| s.is_live());
+        for (off, (old, s)) in live.enumerate() {
+            let tag = self.hasher.hash_one(s.hash) as u32;
+            let old = Loc {
+                run: run_id,
+                off: old as u32,
+            };
+            if let Some(b) = self.blocks.find_mut(spread(tag), |b| b.loc() == old) {
+                b.off = off as u16;
             }
         }
+        run.slots.retain(Slot::is_live);
+        run.slots.shrink_to_fit();
     }
 
     /// Every live entry with its key (victim scans, sweeps).
@@ -598,6 +645,31 @@ impl Store {
         }
         false
     }
+}
+
+/// The slot at `loc`.
+#[inline]
+fn slot_in(runs: &[Option<Run>], loc: Loc) -> Option<&Slot> {
+    runs.get(loc.run as usize)?
+        .as_ref()?
+        .slots
+        .get(loc.off as usize)
+}
+
+/// The slot at `loc`, to change (a free function, so the store's other fields
+/// stay borrowable beside it).
+#[inline]
+fn slot_in_mut(runs: &mut [Option<Run>], loc: Loc) -> Option<&mut Slot> {
+    runs.get_mut(loc.run as usize)?
+        .as_mut()?
+        .slots
+        .get_mut(loc.off as usize)
+}
+
+/// Whether `bucket` is `block`'s: the tags agree, then the slot's exact hash.
+#[inline]
+fn holds(runs: &[Option<Run>], bucket: Bucket, tag: u32, block: u64) -> bool {
+    bucket.tag == tag && slot_in(runs, bucket.loc()).is_some_and(|s| s.hash == block)
 }
 
 /// A resumable position in a [`Store`], so that a scan can let go of the lock
@@ -672,8 +744,50 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_block_is_32_bytes() {
+    fn a_stored_block_is_32_bytes_and_its_bucket_10() {
         assert_eq!(std::mem::size_of::<Slot>(), 32);
+        assert_eq!(std::mem::size_of::<Bucket>(), 10);
+    }
+
+    #[test]
+    fn blocks_whose_tags_collide_stay_apart() {
+        let mut s = Store::default();
+        // Two blocks with the same 32-bit tag (a birthday search, ~2^16 tries).
+        let mut seen = HashMap::new();
+        let (a, b) = (1u64..)
+            .find_map(|h| seen.insert(s.tag(h), h).map(|first| (first, h)))
+            .unwrap();
+        s.store_block(a, None, 0, 1, 1);
+        assert_eq!(s.block(b).map(|_| ()), None, "a tag alone is no match");
+        s.store_block(b, None, 1, 1, 1);
+        let holders = |s: &Store, h| -> Vec<u32> {
+            s.block(h).unwrap().holders.with(&s.lists).slots().collect()
+        };
+        assert_eq!(holders(&s, a), [0]);
+        assert_eq!(holders(&s, b), [1]);
+        // A removal plan names the first bucket with the tag: the same for both,
+        // so one of the two releases must find its block by the exact lookup.
+        let (pa, pb) = (s.plan_removal(a), s.plan_removal(b));
+        assert_eq!(pa.bucket, pb.bucket);
+        assert_eq!(s.release_planned(b, pb, 0), (Release::NotHeld, false));
+        assert_eq!(s.release_planned(a, pa, 0), (Release::Released, true));
+        assert!(s.block(a).is_none());
+        assert_eq!(holders(&s, b), [1]);
+        assert_eq!(s.release_planned(b, pb, 1), (Release::Released, true));
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn an_event_longer_than_a_run_continues_in_a_fresh_one() {
+        let mut s = Store::default();
+        let c = chain(RUN_SLOTS as u64 + 10);
+        store_chain(&mut s, &c, 0, None);
+        assert_eq!(s.runs.iter().flatten().count(), 2);
+        assert_eq!(s.walk(&c, |_, _| true), c.len());
+        for &h in &c[RUN_SLOTS - 5..] {
+            s.take(&EntryKey::Block(h));
+        }
+        assert_eq!(s.walk(&c, |_, _| true), RUN_SLOTS - 5);
     }
 
     #[test]
