@@ -113,21 +113,19 @@ fn an_empty_file_or_directory_is_refused() {
     assert!(e.contains("no *.yaml or *.yml files"), "{e}");
 }
 
+/// The loaded policy's `minimumMatchedTokens` for tenant `acme`.
+fn minimum(loaded: Result<Loaded, LoadError>) -> u32 {
+    let snapshot = loaded.unwrap().snapshot;
+    snapshot.tenant("acme").policy.minimum_matched_tokens
+}
+
 #[test]
 fn a_file_caught_mid_write_is_read_again_before_it_is_parsed() {
     let dir = TempDir::new();
     dir.write("t.yaml", TENANT);
     let file = dir.write("p.yaml", &policy("{minimumMatchedTokens: 10}"));
     let (first, loaded) = watch::poll(dir.path(), None, || {}).unwrap();
-    assert_eq!(
-        loaded
-            .unwrap()
-            .snapshot
-            .tenant("acme")
-            .policy
-            .minimum_matched_tokens,
-        10
-    );
+    assert_eq!(minimum(loaded), 10);
 
     // The poll reads the file truncated; the writer finishes while it settles.
     std::fs::write(&file, "").unwrap();
@@ -137,15 +135,7 @@ fn a_file_caught_mid_write_is_read_again_before_it_is_parsed() {
         "a changing file waits"
     );
     let (second, loaded) = watch::poll(dir.path(), Some(first), || {}).unwrap();
-    assert_eq!(
-        loaded
-            .unwrap()
-            .snapshot
-            .tenant("acme")
-            .policy
-            .minimum_matched_tokens,
-        20
-    );
+    assert_eq!(minimum(loaded), 20);
     assert!(
         watch::poll(dir.path(), Some(second), || {}).is_none(),
         "unchanged"
