@@ -252,18 +252,28 @@ impl Holders {
     /// Drops one reference of `slot`. The caller removes the entry when
     /// [`Holders::is_empty`] says so.
     pub fn release(&mut self, lists: &mut HolderLists, slot: u32) -> Release {
+        self.let_go(lists, slot, 1)
+    }
+
+    /// Removes `slot` whatever its count; returns whether it held the entry.
+    pub fn remove_all(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
+        self.let_go(lists, slot, u32::MAX) != Release::NotHeld
+    }
+
+    /// Drops up to `refs` references of `slot`.
+    fn let_go(&mut self, lists: &mut HolderLists, slot: u32, refs: u32) -> Release {
         match self.0 {
             Holder {
                 slot: SPILLED,
-                refs,
+                refs: list,
             } => {
-                let Some(v) = lists.get_mut(refs) else {
+                let Some(v) = lists.get_mut(list) else {
                     return Release::NotHeld;
                 };
                 let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
                     return Release::NotHeld;
                 };
-                v.list[pos].refs = v.list[pos].refs.saturating_sub(1);
+                v.list[pos].refs = v.list[pos].refs.saturating_sub(refs);
                 if v.list[pos].refs > 0 {
                     return Release::StillHeld;
                 }
@@ -272,41 +282,18 @@ impl Holders {
                 self.shrink(lists);
                 Release::Released
             }
-            Holder { slot: s, refs } if s == slot && refs > 0 => {
-                self.0.refs = refs - 1;
-                if refs == 1 {
+            Holder {
+                slot: s,
+                refs: held,
+            } if s == slot && held > 0 => {
+                self.0.refs = held.saturating_sub(refs);
+                if self.0.refs == 0 {
                     Release::Released
                 } else {
                     Release::StillHeld
                 }
             }
             _ => Release::NotHeld,
-        }
-    }
-
-    /// Removes `slot` whatever its count; returns whether it held the entry.
-    pub fn remove_all(&mut self, lists: &mut HolderLists, slot: u32) -> bool {
-        match self.0 {
-            Holder {
-                slot: SPILLED,
-                refs,
-            } => {
-                let Some(v) = lists.get_mut(refs) else {
-                    return false;
-                };
-                let Some(pos) = v.list.iter().position(|h| h.slot == slot) else {
-                    return false;
-                };
-                v.list.swap_remove(pos);
-                v.rebuild_mask();
-                self.shrink(lists);
-                true
-            }
-            Holder { slot: s, refs } if s == slot && refs > 0 => {
-                self.0.refs = 0;
-                true
-            }
-            _ => false,
         }
     }
 
