@@ -397,14 +397,7 @@ fn body_request(prompt: &str, chain: Option<&[u64]>, debug: bool) -> Vec<u8> {
         body.len()
     );
     if let Some(chain) = chain {
-        let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
-        req.push_str(&format!(
-            "x-inferencecache-tenant: {TENANT}\r\nx-inferencecache-model: {MODEL}\r\n\
-             x-inferencecache-hash-scheme: {SCHEME}\r\nx-inferencecache-block-hashes: {}\r\n\
-             x-inferencecache-block-token-counts: {}\r\n",
-            hashes.join(","),
-            vec!["16"; chain.len()].join(",")
-        ));
+        req.push_str(&routing_headers(chain));
     }
     if debug {
         req.push_str("x-inferencecache-debug: 1\r\n");
@@ -412,6 +405,18 @@ fn body_request(prompt: &str, chain: Option<&[u64]>, debug: bool) -> Vec<u8> {
     req.push_str("\r\n");
     req.push_str(&body);
     req.into_bytes()
+}
+
+/// The five routing headers of a request with `chain` (16 tokens a block).
+fn routing_headers(chain: &[u64]) -> String {
+    let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
+    format!(
+        "x-inferencecache-tenant: {TENANT}\r\nx-inferencecache-model: {MODEL}\r\n\
+         x-inferencecache-hash-scheme: {SCHEME}\r\nx-inferencecache-block-hashes: {}\r\n\
+         x-inferencecache-block-token-counts: {}\r\n",
+        hashes.join(","),
+        vec!["16"; chain.len()].join(",")
+    )
 }
 
 /// Waits until `/policy` shows the backend's tokenizer loaded.
@@ -732,16 +737,9 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 fn http_request(chain: &[u64], debug: bool) -> Vec<u8> {
-    let hashes: Vec<String> = chain.iter().map(|h| format!("{h:x}")).collect();
-    let counts = vec!["16"; chain.len()].join(",");
     let mut req = format!(
-        "GET /v1/completions HTTP/1.1\r\nhost: bench\r\n\
-         x-inferencecache-tenant: {TENANT}\r\n\
-         x-inferencecache-model: {MODEL}\r\n\
-         x-inferencecache-hash-scheme: {SCHEME}\r\n\
-         x-inferencecache-block-hashes: {}\r\n\
-         x-inferencecache-block-token-counts: {counts}\r\n",
-        hashes.join(",")
+        "GET /v1/completions HTTP/1.1\r\nhost: bench\r\n{}",
+        routing_headers(chain)
     );
     if debug {
         req.push_str("x-inferencecache-debug: 1\r\n");
