@@ -71,6 +71,7 @@ use inferencecache::core::time::Timestamp;
 use inferencecache::proto::v1 as pb;
 use inferencecache::proto::v1::cache_service_client::CacheServiceClient;
 use inferencecache::proto::v1::cache_service_server::CacheService;
+use inferencecache_sim::envoy::send_bodies;
 use inferencecache_sim::process::{find_envoy, free_addr};
 use inferencecache_sim::text::TextRendering;
 use serde_json::{Value, json};
@@ -937,13 +938,7 @@ fn envoy_config(
                 // whole (the other mode GIE allows).
                 let body_mode = std::env::var("IC_BENCH_BODY_MODE")
                     .unwrap_or_else(|_| "FULL_DUPLEX_STREAMED".into());
-                let mode = &mut filters[ext_proc]["typed_config"]["processing_mode"];
-                mode["request_trailer_mode"] = json!(if body_mode == "BUFFERED" {
-                    "SKIP"
-                } else {
-                    "SEND"
-                });
-                mode["request_body_mode"] = json!(body_mode);
+                send_bodies(&mut filters[ext_proc], &body_mode);
             }
         }
         out.push(l);

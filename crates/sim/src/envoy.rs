@@ -20,6 +20,15 @@ const OVERRIDE_HOST_YAML: &str = include_str!("../../../envoy/override-host.yaml
 /// not say who they are).
 pub const UPSTREAM_HEADER: &str = "x-upstream-host";
 
+/// Makes an ext_proc filter (its JSON) send request bodies to the sidecar in
+/// `mode`: `FULL_DUPLEX_STREAMED` (with trailers, as a GIE gateway sends it) or
+/// `BUFFERED`, the two modes GIE allows.
+pub fn send_bodies(ext_proc: &mut Value, mode: &str) {
+    let processing = &mut ext_proc["typed_config"]["processing_mode"];
+    processing["request_body_mode"] = json!(mode);
+    processing["request_trailer_mode"] = json!(if mode == "BUFFERED" { "SKIP" } else { "SEND" });
+}
+
 /// Renders the Envoy bootstrap (JSON) with one listener per entry of `listeners`.
 /// With `body_mode`, the ext_proc listeners also stream the request body to the
 /// sidecar (`FULL_DUPLEX_STREAMED` with trailers, as a GIE gateway sends it), for
@@ -68,9 +77,7 @@ pub fn config(
             else {
                 bail!("override-host.yaml: no ext_proc filter");
             };
-            let mode = &mut ext_proc["typed_config"]["processing_mode"];
-            mode["request_body_mode"] = json!("FULL_DUPLEX_STREAMED");
-            mode["request_trailer_mode"] = json!("SEND");
+            send_bodies(ext_proc, "FULL_DUPLEX_STREAMED");
         }
         out.push(l);
     }
