@@ -720,8 +720,10 @@ fn read_tokens(cur: &mut Cursor<'_>, depth: u16) -> Result<Field<Vec<u32>>, Malf
         }
     };
     let mut out = Vec::with_capacity((n as usize).min(cur.rest().len()));
+    // Items are values one level down: none is readable with no depth left.
+    let fast = if inner > 0 { cur.u32s(n, &mut out) } else { 0 };
     let mut ok = true;
-    for _ in 0..n {
+    for _ in fast..n {
         let token = match cur.uint(inner)? {
             Some(t) => u32::try_from(t).ok(),
             None => None,

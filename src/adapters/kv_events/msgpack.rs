@@ -268,6 +268,29 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// Reads up to `n` leading items that are u32 integers in the encodings
+    /// engines use for token ids (fixint, uint 8/16/32) into `out`, and returns how
+    /// many it read; the caller reads the rest (if any) the general way. One tight
+    /// loop over the bytes: token ids are most of an event's items.
+    pub fn u32s(&mut self, n: u32, out: &mut Vec<u32>) -> u32 {
+        let mut read = 0;
+        let mut buf = self.buf;
+        while read < n {
+            let (v, rest) = match *buf {
+                [b @ 0x00..=0x7f, ref rest @ ..] => (u32::from(b), rest),
+                [0xcc, b, ref rest @ ..] => (u32::from(b), rest),
+                [0xcd, a, b, ref rest @ ..] => (u32::from(u16::from_be_bytes([a, b])), rest),
+                [0xce, a, b, c, d, ref rest @ ..] => (u32::from_be_bytes([a, b, c, d]), rest),
+                _ => break,
+            };
+            out.push(v);
+            buf = rest;
+            read += 1;
+        }
+        self.buf = buf;
+        read
+    }
+
     /// Reads past one whole value (checking all of it) and returns its bytes.
     pub fn value(&mut self, depth: u16) -> Result<&'a [u8], Malformed> {
         let start = self.buf;
@@ -344,6 +367,28 @@ mod tests {
         // A signed marker holding a non-negative value is unsigned, as in rmpv.
         let mut c = Cursor::new(&[0xd0, 0x05]);
         assert_eq!(c.head(16).unwrap().0, Head::Int(Int::Pos(5)));
+    }
+
+    #[test]
+    fn u32s_reads_the_token_encodings_and_stops_at_anything_else() {
+        // 7, 200 (uint 8), 40000 (uint 16), 3e9 (uint 32), then a uint 64 and a
+        // negative fixint, which the general path reads.
+        let raw = [
+            0x07, 0xcc, 200, 0xcd, 0x9c, 0x40, 0xce, 0xb2, 0xd0, 0x5e, 0x00, 0xcf, 0, 0, 0, 0, 0,
+            0, 0, 1, 0xff,
+        ];
+        let mut c = Cursor::new(&raw);
+        let mut out = Vec::new();
+        assert_eq!(c.u32s(6, &mut out), 4);
+        assert_eq!(out, [7, 200, 40_000, 3_000_000_000]);
+        assert_eq!(c.uint(16).unwrap(), Some(1));
+        assert_eq!(c.u32s(1, &mut out), 0);
+        assert_eq!(c.head(16).unwrap().0, Head::Int(Int::Neg(-1)));
+        // It reads no more than asked, and a cut item is left for the general path.
+        let mut c = Cursor::new(&[0x01, 0x02, 0xcd, 0x01]);
+        assert_eq!(c.u32s(1, &mut out), 1);
+        assert_eq!(c.u32s(5, &mut out), 1);
+        assert_eq!(c.rest(), [0xcd, 0x01]);
     }
 
     #[test]

@@ -116,10 +116,16 @@ pub fn identity_key(identity: Option<u64>, content: u64) -> u64 {
 /// each extra a tag byte and its fields (strings and bytes length-prefixed, u32_le).
 pub fn block_value(parent: Option<u64>, tokens: &[u32], extras: &[Extra<'_>]) -> u64 {
     const HEAD: usize = 1 + 8 + 4;
+    /// Zeros to size the buffer with: `SmallVec::resize` writes them one by one.
+    const ZEROS: [u8; 320] = [0; 320];
     let mut buf: SmallVec<[u8; 320]> = SmallVec::new();
     // Sized once and written in place: per-token pushes cost a capacity check
     // each, and this runs for every block an engine stores.
-    buf.resize(HEAD + tokens.len() * 4 + 4, 0);
+    let len = HEAD + tokens.len() * 4 + 4;
+    match ZEROS.get(..len) {
+        Some(zeros) => buf.extend_from_slice(zeros),
+        None => buf.resize(len, 0),
+    }
     buf[0] = u8::from(parent.is_some());
     buf[1..9].copy_from_slice(&parent.unwrap_or(0).to_le_bytes());
     buf[9..HEAD].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
