@@ -243,6 +243,7 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "slack": p.load_balancing.slack,
             "statsMaxAge": format_duration(p.load_balancing.stats_max_age),
             "pendingTTL": format_duration(p.load_balancing.pending_ttl),
+            "prefillSlackTokens": p.load_balancing.prefill_slack_tokens,
         },
         "tierWeights": {
             "cpu": p.tier_weights.cpu.to_string(),

@@ -366,6 +366,10 @@ pub fn resolve_policy(
         non_negative("spec.minimumMatchedTokens", spec.minimum_matched_tokens);
     let lookup_timeout_ms = non_negative("spec.lookupTimeoutMs", spec.lookup_timeout_ms);
     let load_slack = non_negative("spec.loadBalancing.slack", spec.load_balancing.slack);
+    let prefill_slack_tokens = non_negative(
+        "spec.loadBalancing.prefillSlackTokens",
+        spec.load_balancing.prefill_slack_tokens,
+    );
 
     let routing_floor_score = spec
         .routing_floor_score
@@ -399,6 +403,7 @@ pub fn resolve_policy(
             errors.push(("spec.loadBalancing.pendingTTL", e.to_string()));
             Duration::ZERO
         }),
+        prefill_slack_tokens,
     };
 
     let mut weight = |field: &'static str, text: &str, default: f64| {

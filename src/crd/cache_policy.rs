@@ -197,6 +197,16 @@ pub struct LoadBalancing {
     #[serde(default = "default_pending_ttl", rename = "pendingTTL")]
     #[schemars(pattern(r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"))]
     pub pending_ttl: String,
+    /// Uncached prompt tokens the pick's prefill backlog (with this request's
+    /// own) may exceed the cheapest replica's before the request goes there
+    /// instead; 0 turns this part of the rule off.
+    #[serde(default = "default_prefill_slack_tokens")]
+    #[schemars(range(min = 0))]
+    pub prefill_slack_tokens: i32,
+}
+
+fn default_prefill_slack_tokens() -> i32 {
+    2048
 }
 
 fn default_pending_ttl() -> String {
@@ -222,6 +232,7 @@ impl Default for LoadBalancing {
             slack: default_load_slack(),
             stats_max_age: default_stats_max_age(),
             pending_ttl: default_pending_ttl(),
+            prefill_slack_tokens: default_prefill_slack_tokens(),
         }
     }
 }

@@ -288,12 +288,19 @@ pub struct LoadBalancing {
     /// the engine confirms it (burst siblings, `index/pending.rs`); zero = off.
     /// Off by default until the routing benchmark has measured it.
     pub pending_ttl: Duration,
+    /// Uncached prompt tokens the pick's prefill backlog (plus this request's own
+    /// uncached tokens there) may exceed the cheapest serving replica's before
+    /// the request goes to that one instead; zero = off. A request count cannot
+    /// see that a replica has two full prefills queued.
+    pub prefill_slack_tokens: u32,
 }
 
 impl LoadBalancing {
     pub const DEFAULT_FACTOR_STR: &'static str = "1.25";
     pub const DEFAULT_SLACK: u32 = 2;
     pub const DEFAULT_STATS_MAX_AGE: Duration = Duration::from_secs(5);
+    /// One engine step's token budget (vLLM's `max_num_batched_tokens` default).
+    pub const DEFAULT_PREFILL_SLACK_TOKENS: u32 = 2048;
 
     /// Parses a factor: the floor-score decimal form, at least 1.
     pub fn parse_factor(s: &str) -> Result<f64, PolicyError> {
@@ -318,6 +325,7 @@ impl Default for LoadBalancing {
             slack: Self::DEFAULT_SLACK,
             stats_max_age: Self::DEFAULT_STATS_MAX_AGE,
             pending_ttl: Duration::ZERO,
+            prefill_slack_tokens: Self::DEFAULT_PREFILL_SLACK_TOKENS,
         }
     }
 }

@@ -105,10 +105,12 @@ impl Router {
     }
 
     /// The request of `decision` really goes to its pick (the ext_proc path): count
-    /// it in flight there (see [`crate::load`]) and record its chain as pending for
-    /// that replica, so siblings arriving during its prefill land together
-    /// (`index/pending.rs`). Nothing happens without a pick or with the load rule
-    /// off, and a gRPC LookupRoute (a query) never calls this.
+    /// it in flight there (see [`crate::load`]), wait for its last block so its
+    /// prefill backlog goes when the engine stores it (`index/prefills.rs`), and
+    /// record its chain as pending for that replica, so siblings arriving during
+    /// its prefill land together (`index/pending.rs`). Nothing happens without a
+    /// pick or with the load rule off, and a gRPC LookupRoute (a query) never
+    /// calls this.
     pub fn admit(
         &self,
         decision: &Decision,
@@ -123,7 +125,9 @@ impl Router {
         let inflight = decision.admit(requested)?;
         let keys = Self::identity_keys(req);
         let chain = keys.as_deref().unwrap_or(req.block_hashes);
-        if !chain.is_empty() && chain.len() == req.block_token_counts.len() {
+        if let Some(&last) = chain.last()
+            && chain.len() == req.block_token_counts.len()
+        {
             let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
             let ttl = self
                 .snapshot
@@ -132,11 +136,14 @@ impl Router {
                 .policy
                 .load_balancing
                 .pending_ttl_nanos();
-            // Off by default: no scope lookup on the routed path then.
-            if ttl > 0
+            // A scope lookup only when there is backlog to let go early.
+            if (ttl > 0 || inflight.uncached_tokens() > 0)
                 && let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot())
             {
-                s.pending.record(slot, chain, now.as_nanos(), ttl);
+                s.prefills.track(slot, last, inflight.prefill());
+                if ttl > 0 {
+                    s.pending.record(slot, chain, now.as_nanos(), ttl);
+                }
             }
         }
         Some(inflight)

@@ -387,7 +387,7 @@ fn load_awareness_and_its_tuning_load_from_yaml() {
     dir.write("t.yaml", TENANT);
     dir.write(
         "p.yaml",
-        &policy("{loadAwareness: Disabled, loadBalancing: {factor: \"1.5\", slack: 4, statsMaxAge: 2s, pendingTTL: 3s}}"),
+        &policy("{loadAwareness: Disabled, loadBalancing: {factor: \"1.5\", slack: 4, statsMaxAge: 2s, pendingTTL: 3s, prefillSlackTokens: 512}}"),
     );
     let loaded = load(dir.path()).unwrap();
     let p = &loaded.snapshot.tenant("acme").policy;
@@ -397,6 +397,7 @@ fn load_awareness_and_its_tuning_load_from_yaml() {
     );
     assert_eq!(p.load_balancing.factor, 1.5);
     assert_eq!(p.load_balancing.slack, 4);
+    assert_eq!(p.load_balancing.prefill_slack_tokens, 512);
     assert_eq!(
         p.load_balancing.stats_max_age,
         std::time::Duration::from_secs(2)
@@ -427,6 +428,14 @@ fn bad_load_tuning_is_rejected_with_its_field() {
     let e = load_err(&[("p.yaml", &policy("{loadBalancing: {slack: -1}}"))]);
     assert!(
         e.contains("spec.loadBalancing.slack: -1 is below the minimum 0"),
+        "{e}"
+    );
+    let e = load_err(&[(
+        "p.yaml",
+        &policy("{loadBalancing: {prefillSlackTokens: -5}}"),
+    )]);
+    assert!(
+        e.contains("spec.loadBalancing.prefillSlackTokens: -5 is below the minimum 0"),
         "{e}"
     );
     let e = load_err(&[("p.yaml", &policy("{loadBalancing: {statsMaxAge: soon}}"))]);

@@ -10,6 +10,17 @@
 //! serving replica in rendezvous order of a seed: for a prefix match the deepest
 //! matched block, so the overflow of one shared prefix lands on the same next
 //! replica (which then holds the prefix too) instead of scattering.
+//!
+//! A request count cannot tell a replica running two full prefills from one
+//! running two cheap decodes, and prefill is what a request's TTFT waits on. So
+//! when the count leaves the pick alone, its *prefill cost* is compared too: the
+//! uncached prompt tokens queued there (`load.rs`, let go when the engine stores
+//! each request's last block) plus this request's own uncached tokens there. If
+//! that exceeds the cheapest serving replica's by more than `prefillSlackTokens`
+//! (one engine step's budget by default), the request goes to the cheapest, ties
+//! in the same walk order.
+
+use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
@@ -25,8 +36,25 @@ pub(crate) struct Spill {
 }
 
 /// `preferred` are serving-set members in the seed's order (never empty for a
-/// hint). `None`: keep the seed's answer.
+/// hint); `uncached(m)` is this request's prompt tokens member `m` does not hold.
+/// `None`: keep the seed's answer.
 pub(crate) fn place(
+    serving: &ServingSet,
+    preferred: impl Iterator<Item = usize> + Clone,
+    seed: u64,
+    lb: &LoadBalancing,
+    now: u64,
+    uncached: impl Fn(usize) -> u64,
+) -> Option<Spill> {
+    if serving.len() < 2 {
+        return None;
+    }
+    by_requests(serving, preferred.clone(), seed, lb, now)
+        .or_else(|| by_prefill(serving, preferred, seed, lb, uncached))
+}
+
+/// The request-count bound.
+fn by_requests(
     serving: &ServingSet,
     preferred: impl Iterator<Item = usize> + Clone,
     seed: u64,
@@ -35,9 +63,6 @@ pub(crate) fn place(
 ) -> Option<Spill> {
     let first = preferred.clone().next()?;
     let n = serving.len();
-    if n < 2 {
-        return None;
-    }
     let max_age = lb.stats_max_age_nanos();
     let load_of = |m: usize| {
         serving
@@ -57,16 +82,63 @@ pub(crate) fn place(
     if fits(first) {
         return None;
     }
-    let spill = |member| {
-        Some(Spill {
-            member,
-            from: first,
-        })
+    let member = preferred.clone().skip(1).find(|&m| fits(m)).or_else(|| {
+        rest(serving, preferred, seed)
+            .into_iter()
+            .find(|&m| fits(m))
+    })?;
+    Some(Spill {
+        member,
+        from: first,
+    })
+}
+
+/// The prefill-cost comparison.
+fn by_prefill(
+    serving: &ServingSet,
+    preferred: impl Iterator<Item = usize> + Clone,
+    seed: u64,
+    lb: &LoadBalancing,
+    uncached: impl Fn(usize) -> u64,
+) -> Option<Spill> {
+    let slack = u64::from(lb.prefill_slack_tokens);
+    let first = preferred.clone().next()?;
+    let cost = |m: usize| {
+        let queued = serving
+            .replica(m)
+            .map_or(0, |r| r.live.inflight_tokens.load(Ordering::Relaxed));
+        queued.saturating_add(uncached(m))
     };
-    if let Some(m) = preferred.clone().skip(1).find(|&m| fits(m)) {
-        return spill(m);
+    let first_cost = cost(first);
+    // No replica costs less than nothing: a pick within the slack always stays
+    // (and the common case reads one replica's atomics).
+    if slack == 0 || first_cost <= slack {
+        return None;
     }
-    let mut order: SmallVec<[(u64, usize); 32]> = (0..n)
+    let mut best = (first, first_cost);
+    for m in preferred
+        .clone()
+        .skip(1)
+        .chain(rest(serving, preferred, seed))
+    {
+        let c = cost(m);
+        if c < best.1 {
+            best = (m, c);
+        }
+    }
+    (best.1.saturating_add(slack) < first_cost).then_some(Spill {
+        member: best.0,
+        from: first,
+    })
+}
+
+/// The serving members not in `preferred`, in rendezvous order of `seed`.
+fn rest(
+    serving: &ServingSet,
+    preferred: impl Iterator<Item = usize> + Clone,
+    seed: u64,
+) -> SmallVec<[usize; 32]> {
+    let mut order: SmallVec<[(u64, usize); 32]> = (0..serving.len())
         .filter(|&m| !preferred.clone().any(|p| p == m))
         .filter_map(|m| {
             serving
@@ -77,9 +149,5 @@ pub(crate) fn place(
     // Highest weight first; members are in replica-id order, so ties (a 64-bit
     // collision) go to the smaller id.
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    order
-        .into_iter()
-        .map(|(_, m)| m)
-        .find(|&m| fits(m))
-        .and_then(spill)
+    order.into_iter().map(|(_, m)| m).collect()
 }

@@ -170,8 +170,18 @@ pub fn decide(
                     _ => affinity_seed(),
                 };
                 let preferred = rows.iter().map(|r| r.member);
-                spilled =
-                    bounded_load::place(&serving, preferred, seed, &policy.load_balancing, now);
+                let uncached = |m: usize| {
+                    let held = rows.iter().find(|r| r.member == m);
+                    requested.saturating_sub(held.map_or(0, |r| u64::from(r.matched_tokens)))
+                };
+                spilled = bounded_load::place(
+                    &serving,
+                    preferred,
+                    seed,
+                    &policy.load_balancing,
+                    now,
+                    uncached,
+                );
                 if let Some(sp) = spilled {
                     promote(&mut rows, sp, strategy);
                 }
@@ -210,6 +220,7 @@ pub fn decide(
                                 seed,
                                 &policy.load_balancing,
                                 now,
+                                |_| requested,
                             )
                         })
                         .flatten();

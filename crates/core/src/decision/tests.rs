@@ -33,6 +33,7 @@ mod lfu;
 mod lifecycle;
 mod load;
 mod pending;
+mod prefill;
 mod ranking;
 mod tiers;
 

@@ -62,6 +62,7 @@ impl Index {
                 IndexEvent::Stored { parent, hashes, .. } => {
                     Counters::add(&self.counters.stored_blocks, hashes.len() as u64);
                     scope.pending.confirm(slot, hashes);
+                    scope.prefills.stored(slot, hashes);
                     self.store_blocks(&target, &mut writer, *parent, hashes);
                 }
                 IndexEvent::Removed { hashes } => {

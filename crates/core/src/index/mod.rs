@@ -34,6 +34,7 @@ mod leading_run;
 mod lock;
 mod membership;
 mod pending;
+mod prefills;
 mod replica;
 pub mod scope;
 mod store;
@@ -55,6 +56,7 @@ pub use event::{
     IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport, Tier,
 };
 pub use pending::{MAX_PENDING_BLOCKS, PENDING_TTL_NANOS};
+pub use prefills::MAX_PREFILLS;
 pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};

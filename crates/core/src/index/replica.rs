@@ -43,6 +43,12 @@ pub(crate) struct ReplicaLive {
     /// decision's load rule reads no lock.
     pub engine_queue: AtomicU64,
     pub engine_queue_at: AtomicU64,
+    /// Bumped by every engine report: tells a request admitted before the report
+    /// (which the engine's count already includes) from one admitted after.
+    pub report_epoch: AtomicU64,
+    /// Requests this sidecar admitted here since the last report and still in
+    /// flight: the engine's count cannot include them yet.
+    pub inflight_since_report: AtomicU64,
 }
 
 impl ReplicaLive {
@@ -71,15 +77,23 @@ impl ReplicaLive {
     }
 
     /// The load the bounded-load rule compares (see [`crate::load`]): the larger of
-    /// this sidecar's in-flight count and the engine's reported waiting + running,
-    /// the latter only while younger than `max_age` ns.
+    /// this sidecar's in-flight count and the engine's reported waiting + running
+    /// plus what this sidecar sent since (still in flight), the latter only while
+    /// the report is younger than `max_age` ns. The report is the only thing that
+    /// shows other sidecars' requests; adding our own since it keeps a sidecar
+    /// from reading an engine it just filled as idle until the next scrape.
     pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
         let own = self.inflight.load(Ordering::Relaxed);
         let at = self.engine_queue_at.load(Ordering::Relaxed);
         if at == 0 || now.saturating_sub(at) > max_age {
             return own;
         }
-        own.max(self.engine_queue.load(Ordering::Relaxed))
+        let since = self.inflight_since_report.load(Ordering::Relaxed);
+        own.max(
+            self.engine_queue
+                .load(Ordering::Relaxed)
+                .saturating_add(since),
+        )
     }
 
     /// Records the engine's reported queue (ReportStats, scrapes).
@@ -87,6 +101,8 @@ impl ReplicaLive {
         self.engine_queue
             .store(waiting_plus_running, Ordering::Relaxed);
         self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
+        self.report_epoch.fetch_add(1, Ordering::Relaxed);
+        self.inflight_since_report.store(0, Ordering::Relaxed);
     }
 
     /// Reported waiting + running requests, for the ORIGINAL_DST fallback.

@@ -29,6 +29,7 @@ use super::event::Tier;
 use super::leading_run::LeadingRuns;
 use super::lock::{ReaderFirst, Timeout, Turn};
 use super::pending::Pending;
+use super::prefills::Prefills;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::store::{
     Cursor, EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
@@ -78,6 +79,9 @@ pub struct ScopeIndex {
     round_robin: AtomicUsize,
     /// Chains just routed here, held until the engine confirms (`pending.rs`).
     pub(crate) pending: Pending,
+    /// Prefill backlogs waiting for the engine to store their last block
+    /// (`prefills.rs`).
+    pub(crate) prefills: Prefills,
     /// Set for good once a replica reports a block in a lower tier: until then
     /// lookups take the GPU-only walk, and pay nothing for tiers.
     lower_tiers: AtomicBool,
@@ -102,6 +106,7 @@ impl ScopeIndex {
             last_store: AtomicU64::new(0),
             round_robin: AtomicUsize::new(0),
             pending: Pending::default(),
+            prefills: Prefills::default(),
             lower_tiers: AtomicBool::new(false),
         }
     }
@@ -463,6 +468,7 @@ impl ScopeIndex {
     /// bounded batch per write-lock hold. Returns the entries removed.
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
         self.pending.forget_slot(slot);
+        self.prefills.forget_slot(slot);
         let mut keys = Vec::new();
         // Every tier of the replica goes (its GPU slot and its lower-tier slots).
         let tiers = [Tier::Cpu, Tier::Disk].map(|t| tier_slot(slot, t));

@@ -212,3 +212,37 @@ fn one_serving_replica_never_spills() {
     assert_affinity(&d, "r1");
     assert_eq!(d.spilled_from(), None);
 }
+
+#[test]
+fn requests_sent_since_the_engines_report_add_to_it() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    // Every engine reports 8 running: r1's 8 + 1 is under 1.25 × 8.25 + 2.
+    for id in FLEET {
+        report_queue(&router, id, 0, t0());
+    }
+    assert_eq!(picked(&lookup(&router, &r)).as_deref(), Some("r1"));
+    // Six more sent to r1 since its report: the engine cannot count them yet, so
+    // r1 is at 8 + 6 (not max(8, 6)), over 1.25 × 9.75 + 2 with this request.
+    let held = load(&router, "r1", 6);
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    // Requests that ended before the next report leave the sum: 8 + 3 + 1 fits.
+    let mut held = held;
+    held.truncate(3);
+    assert_eq!(picked(&lookup(&router, &r)).as_deref(), Some("r1"));
+    drop(held);
+    // The next report includes whatever is still running; the rest ending after
+    // it takes nothing off the new report's share.
+    let held = load(&router, "r1", 3);
+    report_queue(&router, "r1", 0, t0());
+    drop(held);
+    let _more = load(&router, "r1", 4);
+    let d = lookup(&router, &r);
+    assert_eq!(
+        picked(&d).as_deref(),
+        Some("r1"),
+        "8 + 4 + 1 fits 1.25 × 9.25 + 2"
+    );
+    assert_eq!(d.spilled_from(), None);
+}
