@@ -206,7 +206,7 @@ pub struct LoadBalancing {
 }
 
 fn default_prefill_slack_tokens() -> i32 {
-    2048
+    crate::core::policy::LoadBalancing::DEFAULT_PREFILL_SLACK_TOKENS as i32
 }
 
 fn default_pending_ttl() -> String {

@@ -299,8 +299,10 @@ impl LoadBalancing {
     pub const DEFAULT_FACTOR_STR: &'static str = "1.25";
     pub const DEFAULT_SLACK: u32 = 2;
     pub const DEFAULT_STATS_MAX_AGE: Duration = Duration::from_secs(5);
-    /// One engine step's token budget (vLLM's `max_num_batched_tokens` default).
-    pub const DEFAULT_PREFILL_SLACK_TOKENS: u32 = 2048;
+    /// A few milliseconds of prefill: the best of 32, 128, 256, 768 and 2048 on
+    /// the routing benchmark (docs/benchmarks.md). Larger values keep a pick that
+    /// queues a whole prefill ahead of a cheap hit.
+    pub const DEFAULT_PREFILL_SLACK_TOKENS: u32 = 128;
 
     /// Parses a factor: the floor-score decimal form, at least 1.
     pub fn parse_factor(s: &str) -> Result<f64, PolicyError> {

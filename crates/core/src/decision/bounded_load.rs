@@ -17,8 +17,8 @@
 //! uncached prompt tokens queued there (`load.rs`, let go when the engine stores
 //! each request's last block) plus this request's own uncached tokens there. If
 //! that exceeds the cheapest serving replica's by more than `prefillSlackTokens`
-//! (one engine step's budget by default), the request goes to the cheapest, ties
-//! in the same walk order.
+//! (128 by default, a few milliseconds of prefill), the request goes to the
+//! cheapest, ties in the same walk order.
 
 use std::sync::atomic::Ordering;
 

@@ -58,7 +58,7 @@ fn a_pick_with_a_long_prefill_queue_spills_to_the_cheapest_replica() {
     let _queued = route(&router, "r1", &[900], 3000);
     assert_eq!(backlog(&router, "r1"), (1, 3000));
     let d = lookup(&router, &r);
-    // r1: 3000 queued + 32 uncached; r2: 0 + 48, the cheapest by more than 2048.
+    // r1: 3000 queued + 32 uncached; r2: 0 + 48, the cheapest by more than 128.
     assert_eq!(d.reason, ReasonCode::PrefixMatch);
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));
@@ -67,8 +67,8 @@ fn a_pick_with_a_long_prefill_queue_spills_to_the_cheapest_replica() {
 #[test]
 fn a_prefill_queue_within_the_slack_or_with_the_rule_off_keeps_the_pick() {
     let (router, r) = fleet(ResolvedPolicy::default());
-    // r1 costs 1500 + 32, r2 48: less than 2048 apart.
-    let _queued = route(&router, "r1", &[900], 1500);
+    // r1 costs 100 + 32, r2 48: less than 128 apart.
+    let _queued = route(&router, "r1", &[900], 100);
     let d = lookup(&router, &r);
     assert_eq!(picked(&d).as_deref(), Some("r1"));
     assert_eq!(d.spilled_from(), None);
