@@ -11,6 +11,14 @@
 //! matched block, so the overflow of one shared prefix lands on the same next
 //! replica (which then holds the prefix too) instead of scattering.
 //!
+//! A survivor whose match is only a *common* prefix (blocks held by more than half
+//! of the serving replicas: a shared system prompt or RAG header) is no better a
+//! spill target than any other replica: walking to it first kept the overflow of
+//! every new conversation on the header's few holders, and a replica that never
+//! got the header never got anything. So the walk takes only survivors that hold
+//! more than the common prefix, then everyone else in rendezvous order, seeded by
+//! the request's own last block when the pick itself holds only the common part.
+//!
 //! A request count cannot tell a replica running two full prefills from one
 //! running two cheap decodes, and prefill is what a request's TTFT waits on. So
 //! when the count leaves the pick alone, its *prefill cost* is compared too: the
@@ -25,6 +33,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::affinity;
+use super::rank::Row;
 use crate::index::ServingSet;
 use crate::policy::LoadBalancing;
 
@@ -130,6 +139,19 @@ fn by_prefill(
         member: best.0,
         from: first,
     })
+}
+
+/// The leading blocks of the request held by more than half of the `serving`
+/// replicas (by the ranked rows' matched blocks): the part of a match that does
+/// not tell replicas apart.
+pub(crate) fn common_blocks(rows: &[Row], serving: usize) -> u32 {
+    let need = serving / 2 + 1;
+    if rows.len() < need {
+        return 0;
+    }
+    let mut blocks: SmallVec<[u32; 32]> = rows.iter().map(|r| r.matched_blocks).collect();
+    blocks.sort_unstable_by(|a, b| b.cmp(a));
+    blocks[need - 1]
 }
 
 /// The serving members not in `preferred`, in rendezvous order of `seed`.

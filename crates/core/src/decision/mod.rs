@@ -161,15 +161,25 @@ pub fn decide(
             // prefix's overflow stays together.
             let mut spilled = None;
             if load_aware {
+                // Survivors holding only the common prefix are walked like any
+                // other replica (`bounded_load.rs`).
+                let common = match reason {
+                    ReasonCode::PrefixMatch => bounded_load::common_blocks(&rows, serving.len()),
+                    _ => 0,
+                };
                 let seed = match (reason, chain.is_present()) {
-                    (ReasonCode::PrefixMatch, true) => {
+                    (ReasonCode::PrefixMatch, true) if rows[0].matched_blocks > common => {
                         let deepest =
                             (rows[0].matched_blocks as usize).clamp(1, chain.hashes.len());
                         chain.hashes[deepest - 1]
                     }
                     _ => affinity_seed(),
                 };
-                let preferred = rows.iter().map(|r| r.member);
+                let preferred = rows
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, r)| i == 0 || r.matched_blocks > common)
+                    .map(|(_, r)| r.member);
                 let uncached = |m: usize| {
                     let held = rows.iter().find(|r| r.member == m);
                     requested.saturating_sub(held.map_or(0, |r| u64::from(r.matched_tokens)))

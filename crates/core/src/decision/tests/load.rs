@@ -246,3 +246,47 @@ fn requests_sent_since_the_engines_report_add_to_it() {
     );
     assert_eq!(d.spilled_from(), None);
 }
+
+/// r1, r2 and r3 hold a four-block header; r1 also holds a conversation on it.
+fn header_fleet() -> Router {
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r1", &[1, 2, 3, 4, 5, 6]);
+    store(&router, "r2", &[1, 2, 3, 4]);
+    store(&router, "r3", &[1, 2, 3, 4]);
+    register(&router, acme(), "r4", t0());
+    router
+}
+
+#[test]
+fn a_spill_from_a_common_header_skips_its_other_holders() {
+    let router = header_fleet();
+    // A new conversation matches only the header, which three of four hold: the
+    // seed ranks its holders, r1 first.
+    let last = seed_owned_by("r4", &["r2", "r3", "r4"], &[1, 2, 3, 4, 5, 6]);
+    let new_chat = req(&[1, 2, 3, 4, last]);
+    let d = lookup(&router, &new_chat);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&d).as_deref(), Some("r1"));
+    // r1 overloaded: the overflow goes by the request's own last block over every
+    // other replica, here the one that lacks the header, not the next holder.
+    let _held = load(&router, "r1", 6);
+    let d = lookup(&router, &new_chat);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&d).as_deref(), Some("r4"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
+
+#[test]
+fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
+    let router = header_fleet();
+    let chat = req(&[1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(picked(&lookup(&router, &chat)).as_deref(), Some("r1"));
+    let _held = load(&router, "r1", 6);
+    let d = lookup(&router, &chat);
+    // r2 and r3 hold only the header: no better than r4, so the walk is the
+    // rendezvous order of block 6 over all three (not r2, the next survivor).
+    let target = owner(6, &["r2", "r3", "r4"]);
+    assert_ne!(target, "r2", "fixture: block 6 must not favour r2");
+    assert_eq!(picked(&d), Some(target));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
