@@ -44,33 +44,85 @@ pub(crate) struct Spill {
     pub from: usize,
 }
 
-/// `preferred` are serving-set members in the seed's order (never empty for a
-/// hint); `uncached(m)` is this request's prompt tokens member `m` does not hold.
+/// The seed's candidates for one request, from which the walk is built only when
+/// a spill needs it (most decisions stop at the pick).
+pub(crate) struct Candidates<'a> {
+    /// The seed's rows, the pick first (one row for TENANT_HOT and affinity).
+    pub rows: &'a [Row],
+    /// PREFIX_MATCH: survivors holding only the common prefix are walked like
+    /// any other replica.
+    pub prefix_match: bool,
+    /// The pick's deepest matched block (a chain PREFIX_MATCH), else `None`.
+    pub deepest: Option<u64>,
+    /// The request's affinity seed (its last block, else its legacy prefix).
+    pub request_seed: u64,
+    /// The request's prompt tokens.
+    pub requested: u64,
+}
+
+impl Candidates<'_> {
+    fn first(&self) -> Option<usize> {
+        self.rows.first().map(|r| r.member)
+    }
+
+    /// The walk after the pick: survivors holding more than the common prefix,
+    /// then every other serving member in rendezvous order of the seed.
+    fn walk(&self, serving: &ServingSet) -> SmallVec<[usize; 32]> {
+        let common = if self.prefix_match {
+            common_blocks(self.rows, serving.len())
+        } else {
+            0
+        };
+        let mut order: SmallVec<[usize; 32]> = self
+            .rows
+            .iter()
+            .skip(1)
+            .filter(|r| r.matched_blocks > common)
+            .map(|r| r.member)
+            .collect();
+        let seed = match (self.deepest, self.rows.first()) {
+            (Some(deepest), Some(pick)) if pick.matched_blocks > common => deepest,
+            _ => self.request_seed,
+        };
+        let first = self.first();
+        let taken = order.clone();
+        let mut rest: SmallVec<[(u64, usize); 32]> = (0..serving.len())
+            .filter(|&m| Some(m) != first && !taken.contains(&m))
+            .filter_map(|m| {
+                serving
+                    .replica(m)
+                    .map(|r| (affinity::weight(seed, r.id_hash), m))
+            })
+            .collect();
+        // Highest weight first; members are in replica-id order, so ties (a 64-bit
+        // collision) go to the smaller id.
+        rest.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        order.extend(rest.into_iter().map(|(_, m)| m));
+        order
+    }
+}
+
 /// `None`: keep the seed's answer.
 pub(crate) fn place(
     serving: &ServingSet,
-    preferred: impl Iterator<Item = usize> + Clone,
-    seed: u64,
+    candidates: &Candidates<'_>,
     lb: &LoadBalancing,
     now: u64,
-    uncached: impl Fn(usize) -> u64,
 ) -> Option<Spill> {
     if serving.len() < 2 {
         return None;
     }
-    by_requests(serving, preferred.clone(), seed, lb, now)
-        .or_else(|| by_prefill(serving, preferred, seed, lb, uncached))
+    by_requests(serving, candidates, lb, now).or_else(|| by_prefill(serving, candidates, lb))
 }
 
 /// The request-count bound.
 fn by_requests(
     serving: &ServingSet,
-    preferred: impl Iterator<Item = usize> + Clone,
-    seed: u64,
+    candidates: &Candidates<'_>,
     lb: &LoadBalancing,
     now: u64,
 ) -> Option<Spill> {
-    let first = preferred.clone().next()?;
+    let first = candidates.first()?;
     let n = serving.len();
     let max_age = lb.stats_max_age_nanos();
     let load_of = |m: usize| {
@@ -91,11 +143,7 @@ fn by_requests(
     if fits(first) {
         return None;
     }
-    let member = preferred.clone().skip(1).find(|&m| fits(m)).or_else(|| {
-        rest(serving, preferred, seed)
-            .into_iter()
-            .find(|&m| fits(m))
-    })?;
+    let member = candidates.walk(serving).into_iter().find(|&m| fits(m))?;
     Some(Spill {
         member,
         from: first,
@@ -105,39 +153,46 @@ fn by_requests(
 /// The prefill-cost comparison.
 fn by_prefill(
     serving: &ServingSet,
-    preferred: impl Iterator<Item = usize> + Clone,
-    seed: u64,
+    candidates: &Candidates<'_>,
     lb: &LoadBalancing,
-    uncached: impl Fn(usize) -> u64,
 ) -> Option<Spill> {
     let slack = u64::from(lb.prefill_slack_tokens);
-    let first = preferred.clone().next()?;
-    let cost = |m: usize| {
-        let queued = serving
+    let pick = candidates.rows.first()?;
+    let queued = |m: usize| {
+        serving
             .replica(m)
-            .map_or(0, |r| r.live.inflight_tokens.load(Ordering::Relaxed));
-        queued.saturating_add(uncached(m))
+            .map_or(0, |r| r.live.inflight_tokens.load(Ordering::Relaxed))
     };
-    let first_cost = cost(first);
+    let requested = candidates.requested;
+    let first_cost = queued(pick.member)
+        .saturating_add(requested.saturating_sub(u64::from(pick.matched_tokens)));
     // No replica costs less than nothing: a pick within the slack always stays
     // (and the common case reads one replica's atomics).
     if slack == 0 || first_cost <= slack {
         return None;
     }
-    let mut best = (first, first_cost);
-    for m in preferred
-        .clone()
-        .skip(1)
-        .chain(rest(serving, preferred, seed))
-    {
-        let c = cost(m);
-        if c < best.1 {
-            best = (m, c);
+    let n = serving.len();
+    let mut matched: SmallVec<[u64; 32]> = SmallVec::from_elem(0, n);
+    for r in candidates.rows {
+        if let Some(m) = matched.get_mut(r.member) {
+            *m = u64::from(r.matched_tokens);
         }
     }
-    (best.1.saturating_add(slack) < first_cost).then_some(Spill {
-        member: best.0,
-        from: first,
+    let costs: SmallVec<[u64; 32]> = (0..n)
+        .map(|m| queued(m).saturating_add(requested.saturating_sub(matched[m])))
+        .collect();
+    let cheapest = costs.iter().copied().min()?;
+    if cheapest.saturating_add(slack) >= first_cost {
+        return None;
+    }
+    // Ties among the cheapest go in walk order.
+    let member = candidates
+        .walk(serving)
+        .into_iter()
+        .find(|&m| costs[m] == cheapest)?;
+    Some(Spill {
+        member,
+        from: pick.member,
     })
 }
 
@@ -152,24 +207,4 @@ pub(crate) fn common_blocks(rows: &[Row], serving: usize) -> u32 {
     let mut blocks: SmallVec<[u32; 32]> = rows.iter().map(|r| r.matched_blocks).collect();
     blocks.sort_unstable_by(|a, b| b.cmp(a));
     blocks[need - 1]
-}
-
-/// The serving members not in `preferred`, in rendezvous order of `seed`.
-fn rest(
-    serving: &ServingSet,
-    preferred: impl Iterator<Item = usize> + Clone,
-    seed: u64,
-) -> SmallVec<[usize; 32]> {
-    let mut order: SmallVec<[(u64, usize); 32]> = (0..serving.len())
-        .filter(|&m| !preferred.clone().any(|p| p == m))
-        .filter_map(|m| {
-            serving
-                .replica(m)
-                .map(|r| (affinity::weight(seed, r.id_hash), m))
-        })
-        .collect();
-    // Highest weight first; members are in replica-id order, so ties (a 64-bit
-    // collision) go to the smaller id.
-    order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    order.into_iter().map(|(_, m)| m).collect()
 }

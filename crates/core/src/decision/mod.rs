@@ -161,37 +161,22 @@ pub fn decide(
             // prefix's overflow stays together.
             let mut spilled = None;
             if load_aware {
-                // Survivors holding only the common prefix are walked like any
-                // other replica (`bounded_load.rs`).
-                let common = match reason {
-                    ReasonCode::PrefixMatch => bounded_load::common_blocks(&rows, serving.len()),
-                    _ => 0,
-                };
-                let seed = match (reason, chain.is_present()) {
-                    (ReasonCode::PrefixMatch, true) if rows[0].matched_blocks > common => {
+                let deepest = match (reason, chain.is_present()) {
+                    (ReasonCode::PrefixMatch, true) => {
                         let deepest =
                             (rows[0].matched_blocks as usize).clamp(1, chain.hashes.len());
-                        chain.hashes[deepest - 1]
+                        Some(chain.hashes[deepest - 1])
                     }
-                    _ => affinity_seed(),
+                    _ => None,
                 };
-                let preferred = rows
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, r)| i == 0 || r.matched_blocks > common)
-                    .map(|(_, r)| r.member);
-                let uncached = |m: usize| {
-                    let held = rows.iter().find(|r| r.member == m);
-                    requested.saturating_sub(held.map_or(0, |r| u64::from(r.matched_tokens)))
+                let candidates = bounded_load::Candidates {
+                    rows: &rows,
+                    prefix_match: reason == ReasonCode::PrefixMatch,
+                    deepest,
+                    request_seed: affinity_seed(),
+                    requested,
                 };
-                spilled = bounded_load::place(
-                    &serving,
-                    preferred,
-                    seed,
-                    &policy.load_balancing,
-                    now,
-                    uncached,
-                );
+                spilled = bounded_load::place(&serving, &candidates, &policy.load_balancing, now);
                 if let Some(sp) = spilled {
                     promote(&mut rows, sp, strategy);
                 }
@@ -224,14 +209,14 @@ pub fn decide(
                     }];
                     let spilled = load_aware
                         .then(|| {
-                            bounded_load::place(
-                                &serving,
-                                std::iter::once(member),
-                                seed,
-                                &policy.load_balancing,
-                                now,
-                                |_| requested,
-                            )
+                            let candidates = bounded_load::Candidates {
+                                rows: &rows,
+                                prefix_match: false,
+                                deepest: None,
+                                request_seed: seed,
+                                requested,
+                            };
+                            bounded_load::place(&serving, &candidates, &policy.load_balancing, now)
                         })
                         .flatten();
                     if let Some(sp) = spilled {
