@@ -18,7 +18,7 @@ import requests
 
 import cachewire
 from conftest import (MODEL, REPLICAS, REPO, SCHEME, TENANT, Envoy, Sidecar, Upstream,
-                      envoy_binary, sidecar_binary)
+                      envoy_binary, sidecar_binary, wait_until)
 
 SUBSET_HEADER = "x-test-subset"
 
@@ -239,8 +239,20 @@ spec:
 @pytest.fixture
 def gie_body():
     stack = GieStack(extra_args=("--max-body-bytes", str(BODY_LIMIT)), policy=body_policy)
+    # The tokenizer loads off the request path; a body before that is served with no
+    # hint (fail-open), which a loaded CI host once showed as NO_HINT here.
+    wait_until(lambda: _tokenizer_state(stack, "qwen") == "ready", timeout=60,
+               what="the qwen backend's tokenizer loaded")
     yield stack
     stack.close()
+
+
+def _tokenizer_state(stack, backend):
+    body = requests.get(f"{stack.sidecar.admin}/policy", timeout=5).json()
+    for b in body.get("backends", []):
+        if b.get("name") == backend and b.get("tokenizer"):
+            return b["tokenizer"].get("state")
+    return None
 
 
 def content_chain(tokens, block=16):
