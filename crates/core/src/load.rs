@@ -27,7 +27,9 @@ use crate::index::ReplicaLive;
 #[derive(Debug)]
 pub struct Inflight {
     live: Arc<ReplicaLive>,
-    prefill: Arc<Prefill>,
+    /// `None` when the request brought no uncached tokens: nothing to let go
+    /// early, so no ticket is allocated (most requests of a warm fleet).
+    prefill: Option<Arc<Prefill>>,
     tokens: u64,
     /// The replica's report epoch at admission (see `ReplicaLive::report_epoch`).
     epoch: u64,
@@ -70,9 +72,11 @@ impl Inflight {
             .fetch_add(uncached_tokens, Ordering::Relaxed);
         let epoch = live.report_epoch.load(Ordering::Relaxed);
         live.inflight_since_report.fetch_add(1, Ordering::Relaxed);
-        let prefill = Arc::new(Prefill {
-            live: live.clone(),
-            tokens: AtomicU64::new(uncached_tokens),
+        let prefill = (uncached_tokens > 0).then(|| {
+            Arc::new(Prefill {
+                live: live.clone(),
+                tokens: AtomicU64::new(uncached_tokens),
+            })
         });
         Self {
             live,
@@ -88,9 +92,9 @@ impl Inflight {
     }
 
     /// The request's prefill backlog, for the index to let go when the engine
-    /// stores the request's last block.
-    pub(crate) fn prefill(&self) -> &Arc<Prefill> {
-        &self.prefill
+    /// stores the request's last block; `None` when it has none.
+    pub(crate) fn prefill(&self) -> Option<&Arc<Prefill>> {
+        self.prefill.as_ref()
     }
 }
 
@@ -101,6 +105,8 @@ impl Drop for Inflight {
         if self.live.report_epoch.load(Ordering::Relaxed) == self.epoch {
             saturating_sub(&self.live.inflight_since_report, 1);
         }
-        self.prefill.release();
+        if let Some(p) = &self.prefill {
+            p.release();
+        }
     }
 }

@@ -123,27 +123,31 @@ impl Router {
             req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
         };
         let inflight = decision.admit(requested)?;
-        let keys = Self::identity_keys(req);
-        let chain = keys.as_deref().unwrap_or(req.block_hashes);
-        if let Some(&last) = chain.last()
-            && chain.len() == req.block_token_counts.len()
-        {
-            let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
-            let ttl = self
-                .snapshot
-                .load()
-                .tenant(req.tenant_id)
-                .policy
-                .load_balancing
-                .pending_ttl_nanos();
-            // A scope lookup only when there is backlog to let go early.
-            if (ttl > 0 || inflight.uncached_tokens() > 0)
-                && let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot())
-            {
-                s.prefills.track(slot, last, inflight.prefill());
-                if ttl > 0 {
-                    s.pending.record(slot, chain, now.as_nanos(), ttl);
-                }
+        if req.block_hashes.is_empty() || req.block_hashes.len() != req.block_token_counts.len() {
+            return Some(inflight);
+        }
+        let ttl = self
+            .snapshot
+            .load()
+            .tenant(req.tenant_id)
+            .policy
+            .load_balancing
+            .pending_ttl_nanos();
+        // A scope lookup (and the identity keys) only when there is something to
+        // record: a backlog to let go early, or pending entries.
+        let prefill = inflight.prefill();
+        if ttl == 0 && prefill.is_none() {
+            return Some(inflight);
+        }
+        let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
+        if let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot()) {
+            let keys = Self::identity_keys(req);
+            let chain = keys.as_deref().unwrap_or(req.block_hashes);
+            if let (Some(prefill), Some(&last)) = (prefill, chain.last()) {
+                s.prefills.track(slot, last, prefill);
+            }
+            if ttl > 0 {
+                s.pending.record(slot, chain, now.as_nanos(), ttl);
             }
         }
         Some(inflight)

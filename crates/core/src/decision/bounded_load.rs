@@ -85,9 +85,8 @@ impl Candidates<'_> {
             _ => self.request_seed,
         };
         let first = self.first();
-        let taken = order.clone();
         let mut rest: SmallVec<[(u64, usize); 32]> = (0..serving.len())
-            .filter(|&m| Some(m) != first && !taken.contains(&m))
+            .filter(|&m| Some(m) != first && !order.contains(&m))
             .filter_map(|m| {
                 serving
                     .replica(m)

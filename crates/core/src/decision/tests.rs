@@ -219,6 +219,19 @@ fn register(router: &Router, scope: ScopeRef<'_>, replica: &str, now: Timestamp)
     ingest(router, scope, replica, &endpoint_of(replica), &[], now);
 }
 
+/// The load-rule tests' fleet.
+const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
+
+/// r1 holds six blocks of the chain, r2 five, r3 and r4 nothing (all serving).
+fn fleet(policy: ResolvedPolicy) -> (Router, Req) {
+    let router = mk_router(policy);
+    store(&router, "r1", &[1, 2, 3, 4, 5, 6]);
+    store(&router, "r2", &[1, 2, 3, 4, 5]);
+    register(&router, acme(), "r3", t0());
+    register(&router, acme(), "r4", t0());
+    (router, req(&[1, 2, 3, 4, 5, 6, 7, 8]))
+}
+
 /// `replica` sends events without an endpoint: prefix-only.
 fn store_prefix_only(router: &Router, scope: ScopeRef<'_>, replica: &str, chain: &[u64]) {
     ingest(router, scope, replica, "", &[stored(chain)], t0());

@@ -8,18 +8,6 @@ use crate::index::{ReplicaStats, StatsReport};
 use crate::load::Inflight;
 use crate::policy::LoadAwareness;
 
-const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
-
-/// r1 holds six blocks of the chain, r2 five, r3 and r4 nothing (all serving).
-fn fleet(policy: ResolvedPolicy) -> (Router, Req) {
-    let router = mk_router(policy);
-    store(&router, "r1", &[1, 2, 3, 4, 5, 6]);
-    store(&router, "r2", &[1, 2, 3, 4, 5]);
-    register(&router, acme(), "r3", t0());
-    register(&router, acme(), "r4", t0());
-    (router, req(&[1, 2, 3, 4, 5, 6, 7, 8]))
-}
-
 /// Puts `n` routed requests in flight on `replica` (through real decisions that
 /// picked it, as the ext_proc adapter does).
 fn load(router: &Router, replica: &str, n: usize) -> Vec<Inflight> {

@@ -7,18 +7,6 @@
 use super::*;
 use crate::load::Inflight;
 
-const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
-
-/// r1 holds six blocks of the chain, r2 five, r3 and r4 nothing (all serving).
-fn fleet(policy: ResolvedPolicy) -> (Router, Req) {
-    let router = mk_router(policy);
-    store(&router, "r1", &[1, 2, 3, 4, 5, 6]);
-    store(&router, "r2", &[1, 2, 3, 4, 5]);
-    register(&router, acme(), "r3", t0());
-    register(&router, acme(), "r4", t0());
-    (router, req(&[1, 2, 3, 4, 5, 6, 7, 8]))
-}
-
 /// Routes `chain` (`tokens` a block) to `replica` as ext_proc does (decide,
 /// then admit) and returns its guard: one request in flight there whose
 /// uncached tokens wait for the engine.
