@@ -6,8 +6,6 @@
 //! a prefix every replica holds (a chat template, a shared system prompt) adds
 //! nothing, so the floors can catch it.
 
-use smallvec::SmallVec;
-
 /// Tokens per block the score is normalised to.
 const SCORE_BLOCK_TOKENS: f64 = 16.0;
 
@@ -59,31 +57,84 @@ pub(crate) fn rank_chain_tiered(
     token_counts: &[u32],
     floors: Floors,
 ) -> Ranking {
-    let n = runs.len();
     let max_run = runs.iter().copied().max().unwrap_or(0) as usize;
-    if max_run == 0 || n == 0 {
+    if max_run == 0 || runs.is_empty() {
         return Ranking::NoMatch;
     }
+    let len = max_run + 1;
+    // Scratch on the stack for chains of up to 71 blocks (plain arrays: a
+    // `SmallVec` this size is copied whole when it is built and moved).
+    if len <= STACK_BLOCKS {
+        let mut ending = [0u32; STACK_BLOCKS];
+        let mut scores = [0.0f64; STACK_BLOCKS];
+        let mut tokens = [0u64; STACK_BLOCKS];
+        let (scores, tokens) = (&mut scores[..len], &mut tokens[..len]);
+        prefix_sums(runs, token_counts, &mut ending[..len], scores, tokens);
+        sort_rows(runs, lower, scores, tokens, floors)
+    } else {
+        let (mut scores, mut tokens) = (vec![0.0; len], vec![0; len]);
+        prefix_sums(
+            runs,
+            token_counts,
+            &mut vec![0; len],
+            &mut scores,
+            &mut tokens,
+        );
+        sort_rows(runs, lower, &scores, &tokens, floors)
+    }
+}
+
+/// Blocks of ranking scratch kept on the stack.
+const STACK_BLOCKS: usize = 72;
+
+/// Fills `ending[m]` (how many members' runs are m blocks long) and the prefix
+/// sums `scores[i]`, `tokens[i]` of holding the first i blocks.
+fn prefix_sums(
+    runs: &[u32],
+    token_counts: &[u32],
+    ending: &mut [u32],
+    scores: &mut [f64],
+    tokens: &mut [u64],
+) {
     // holders_through[i] = h_i, from a histogram of run lengths.
-    let mut ending = zeros(max_run + 1);
     for &m in runs {
         ending[m as usize] += 1;
     }
-    // Prefix sums over the blocks: (score, tokens) of holding the first i blocks.
-    // Built by `extend`, which writes each element once (no zero fill first).
-    let inv_n = 1.0 / n as f64;
-    let mut holding = n as u32 - ending[0];
-    let mut sum = (0.0f64, 0u64);
-    let mut prefix: SmallVec<[(f64, u64); 72]> = SmallVec::with_capacity(max_run + 1);
-    prefix.push(sum);
-    prefix.extend(ending[1..].iter().enumerate().map(|(i, &ended)| {
-        let t = token_counts.get(i).copied().unwrap_or(0);
-        let d = 1.0 - f64::from(holding) * inv_n;
-        sum.0 += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
-        sum.1 += u64::from(t);
-        holding -= ended;
-        sum
-    }));
+    // One pass over the blocks; d changes only where a run ends. Zipped slices
+    // keep the loop free of per-item checks.
+    let inv_n = 1.0 / runs.len() as f64;
+    let mut holding = runs.len() as u32 - ending[0];
+    let mut d = 1.0 - f64::from(holding) * inv_n;
+    let (mut score, mut sum) = (0.0f64, 0u64);
+    let counted = token_counts.len().min(ending.len() - 1);
+    for (((s, k), &ended), &t) in scores[1..]
+        .iter_mut()
+        .zip(tokens[1..].iter_mut())
+        .zip(&ending[1..])
+        .zip(&token_counts[..counted])
+    {
+        score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+        sum += u64::from(t);
+        (*s, *k) = (score, sum);
+        if ended != 0 {
+            holding -= ended;
+            d = 1.0 - f64::from(holding) * inv_n;
+        }
+    }
+    // Blocks past the request's counts (a malformed request) add nothing.
+    scores[counted + 1..].fill(score);
+    tokens[counted + 1..].fill(sum);
+}
+
+/// Rows in member order, lower tiers' discount applied, then [`finish`].
+fn sort_rows(
+    runs: &[u32],
+    lower: &[(usize, u32, f64)],
+    scores: &[f64],
+    tokens: &[u64],
+    floors: Floors,
+) -> Ranking {
+    let n = runs.len();
     // Sized for every member up front: a filtered `collect` would grow (and
     // reallocate) the vector row by row.
     let mut rows: Vec<Row> = Vec::with_capacity(n);
@@ -91,11 +142,10 @@ pub(crate) fn rank_chain_tiered(
         if m == 0 {
             continue;
         }
-        let (score, tokens) = prefix[m as usize];
         rows.push(Row {
             member,
-            score,
-            matched_tokens: clamp_u32(tokens),
+            score: scores[m as usize],
+            matched_tokens: clamp_u32(tokens[m as usize]),
             matched_blocks: m,
         });
     }
@@ -107,23 +157,13 @@ pub(crate) fn rank_chain_tiered(
         for &(member, block, weight) in lower {
             let (b, at) = (block as usize, row_of.get(member).copied());
             if let Some(r) = at.and_then(|at| rows.get_mut(at))
-                && b + 1 < prefix.len()
+                && b + 1 < scores.len()
             {
-                r.score -= (1.0 - weight) * (prefix[b + 1].0 - prefix[b].0);
+                r.score -= (1.0 - weight) * (scores[b + 1] - scores[b]);
             }
         }
     }
     finish(&mut rows, floors)
-}
-
-/// `len` zeroed counters, on the stack for chains of up to 71 blocks. A memset,
-/// where `SmallVec::from_elem` writes element by element.
-fn zeros(len: usize) -> SmallVec<[u32; 72]> {
-    if len <= 72 {
-        SmallVec::from_buf_and_len([0; 72], len)
-    } else {
-        SmallVec::from_vec(vec![0; len])
-    }
 }
 
 /// Ranks the legacy exact-prefix path: every holder matched one block of
@@ -256,6 +296,63 @@ mod tests {
         assert_eq!(r[0].matched_blocks, 1);
         assert_eq!(r[0].matched_tokens, 32);
         assert!((r[0].score - 2.0 * 0.75).abs() < 1e-12);
+    }
+
+    /// Contract §4 step 7 written out per replica and per block, in the order
+    /// the ranker sums: h_i counted, d_i = 1 − h_i × (1/N), score Σ (t_i/16)·d_i.
+    fn reference(runs: &[u32], counts: &[u32]) -> Vec<Row> {
+        let n = runs.len();
+        let inv_n = 1.0 / n as f64;
+        let mut rows: Vec<Row> = (0..n)
+            .filter(|&r| runs[r] > 0)
+            .map(|r| {
+                let (mut score, mut tokens) = (0.0f64, 0u64);
+                for i in 0..runs[r] as usize {
+                    let h = runs.iter().filter(|&&m| m as usize > i).count();
+                    let d = 1.0 - h as f64 * inv_n;
+                    let t = counts.get(i).copied().unwrap_or(0);
+                    score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+                    tokens += u64::from(t);
+                }
+                Row {
+                    member: r,
+                    score,
+                    matched_tokens: clamp_u32(tokens),
+                    matched_blocks: runs[r],
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| b.matched_tokens.cmp(&a.matched_tokens))
+        });
+        rows
+    }
+
+    proptest::proptest! {
+        /// Bit for bit the reference's scores and order, on chains shorter and
+        /// longer than the stack scratch, with zero-token blocks and with runs
+        /// longer than the request's counts.
+        #[test]
+        fn ranking_equals_the_formula_summed_per_block(
+            runs in proptest::collection::vec(0u32..100, 1..40),
+            counts in proptest::collection::vec(0u32..40, 0..110),
+        ) {
+            let got = rank_chain(&runs, &counts, OPEN);
+            if runs.iter().all(|&m| m == 0) {
+                proptest::prop_assert_eq!(got, Ranking::NoMatch);
+            } else {
+                let want = reference(&runs, &counts);
+                let got = rows(got);
+                proptest::prop_assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    proptest::prop_assert_eq!(g.score.to_bits(), w.score.to_bits());
+                    proptest::prop_assert_eq!((g.member, g.matched_tokens, g.matched_blocks),
+                        (w.member, w.matched_tokens, w.matched_blocks));
+                }
+            }
+        }
     }
 
     #[test]
