@@ -30,6 +30,23 @@ impl LeadingRuns<'_> {
     #[inline]
     pub fn run<B: AsMut<[u64]> + AsRef<[u64]>>(
         &self,
+        alive: B,
+        held: B,
+        chain: &[u64],
+        slot_runs: &mut [u32],
+    ) -> Result<(), Timeout> {
+        // A chain shorter than the stride never reaches a deadline check: its
+        // walk is compiled without one.
+        if self.deadline.is_some() && chain.len() >= DEADLINE_STRIDE {
+            self.run_timed::<true, B>(alive, held, chain, slot_runs)
+        } else {
+            self.run_timed::<false, B>(alive, held, chain, slot_runs)
+        }
+    }
+
+    #[inline]
+    fn run_timed<const TIMED: bool, B: AsMut<[u64]> + AsRef<[u64]>>(
+        &self,
         mut alive: B,
         mut held: B,
         chain: &[u64],
@@ -40,7 +57,8 @@ impl LeadingRuns<'_> {
         let serving = &self.serving[..alive_w.len()];
         let mut timed_out = false;
         let end = self.store.walk(chain, |i, e| {
-            if i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
+            if TIMED
+                && i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
                 && self.deadline.is_some_and(|d| Instant::now() >= d)
             {
                 timed_out = true;

@@ -153,3 +153,20 @@ fn step6_a_scope_with_only_expired_entries_and_no_serving_replica_is_unknown() {
         ReasonCode::UnknownHashScheme,
     );
 }
+
+#[test]
+fn step5_a_walk_past_its_budget_stops_at_the_next_stride() {
+    // The budget is checked every 1,024 blocks of the walk: a chain that long
+    // runs out of a 1 ns budget there, a shorter one is never interrupted.
+    let long: Vec<u64> = (1..=2_048).collect();
+    let router = mk_router(ResolvedPolicy {
+        lookup_timeout: Duration::from_nanos(1),
+        ..open()
+    });
+    store(&router, "r1", &long);
+    register(&router, acme(), "r2", t0());
+    assert_none(&lookup(&router, &req(&long)), ReasonCode::Timeout);
+    let short = lookup(&router, &req(&long[..1_000]));
+    assert_eq!(short.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&short).as_deref(), Some("r1"));
+}
