@@ -605,7 +605,6 @@ impl ScopeIndex {
         }
         let store = self.read_within(deadline)?;
         let words = serving.slot_bits().len();
-        let mut slot_runs: SmallVec<[u32; 64]> = SmallVec::from_elem(0, words * 64);
         let walk = LeadingRuns {
             store: &store,
             serving: serving.slot_bits(),
@@ -614,17 +613,18 @@ impl ScopeIndex {
             deadline,
         };
         // One word covers tables of up to 64 replicas, the common case; fixed-size
-        // arrays let the compiler drop the per-word loop there.
+        // arrays let the compiler drop the per-word loop there (and are zeroed
+        // by one memset, where a `SmallVec` is filled item by item).
+        let members = serving.members();
         if words == 1 {
+            let mut slot_runs = [0u32; 64];
             walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
+            Ok(member_runs(members, &slot_runs))
         } else {
+            let mut slot_runs = vec![0u32; words * 64];
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
+            Ok(member_runs(members, &slot_runs))
         }
-        Ok(serving
-            .members()
-            .iter()
-            .map(|&slot| slot_runs[slot as usize])
-            .collect())
     }
 
     pub(crate) fn note_lower_tier(&self) {
@@ -815,6 +815,20 @@ impl ScopeIndex {
     #[cfg(test)]
     pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
         vec![self.write()]
+    }
+}
+
+/// Each member's run, in member order, from the runs by slot.
+fn member_runs(members: &[u32], slot_runs: &[u32]) -> SmallVec<[u32; 32]> {
+    let run = |slot: u32| slot_runs.get(slot as usize).copied().unwrap_or(0);
+    if members.len() <= 32 {
+        let mut runs = [0u32; 32];
+        for (r, &slot) in runs.iter_mut().zip(members) {
+            *r = run(slot);
+        }
+        SmallVec::from_buf_and_len(runs, members.len())
+    } else {
+        members.iter().map(|&slot| run(slot)).collect()
     }
 }
 

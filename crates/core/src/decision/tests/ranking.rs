@@ -358,3 +358,32 @@ fn step7_equal_scores_sort_by_replica_id_on_both_paths() {
     let d = lookup(&router, &legacy("p", 32));
     assert_prefix(&d, &[row("r1", 1.0, 32, 1), row("r4", 1.0, 32, 1)]);
 }
+
+#[test]
+fn a_fleet_wider_than_one_word_of_slots_ranks_every_replica() {
+    // 100 replicas (two 64-bit words of slots, more than 32 members): replica i
+    // holds the first i % 7 blocks of the chain, registered out of id order.
+    let router = mk_router(open());
+    let ids: Vec<String> = (0..100).map(|i| format!("w{i:03}")).collect();
+    for i in (0..100).rev() {
+        let held: Vec<u64> = (1..=(i % 7) as u64).collect();
+        if held.is_empty() {
+            register(&router, acme(), &ids[i], t0());
+        } else {
+            store(&router, &ids[i], &held);
+        }
+    }
+    let chain: Vec<u64> = (1..=8).collect();
+    let d = lookup(&router, &req(&chain));
+    let got = rows(&d);
+    // The model: longest run first, ids ascending among equals; the replicas
+    // holding nothing are not ranked.
+    let mut want: Vec<(String, u32)> = (0..100)
+        .filter(|i| i % 7 > 0)
+        .map(|i| (ids[i].clone(), (i % 7) as u32))
+        .collect();
+    want.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let got_runs: Vec<(String, u32)> = got.iter().map(|r| (r.0.clone(), r.3)).collect();
+    assert_eq!(got_runs, want);
+    assert_eq!(got[0].2, 6 * 16);
+}
