@@ -66,22 +66,58 @@ pub(crate) fn rank_chain_tiered(
     // `SmallVec` this size is copied whole when it is built and moved).
     if len <= STACK_BLOCKS {
         let mut ending = [0u32; STACK_BLOCKS];
+        let mut cursors = [0u32; STACK_BLOCKS];
         let mut scores = [0.0f64; STACK_BLOCKS];
         let mut tokens = [0u64; STACK_BLOCKS];
-        let (scores, tokens) = (&mut scores[..len], &mut tokens[..len]);
-        prefix_sums(runs, token_counts, &mut ending[..len], scores, tokens);
-        sort_rows(runs, lower, scores, tokens, floors)
+        let scratch = Scratch {
+            ending: &mut ending[..len],
+            cursors: &mut cursors[..len],
+            scores: &mut scores[..len],
+            tokens: &mut tokens[..len],
+        };
+        rank_with(runs, lower, token_counts, floors, scratch)
     } else {
-        let (mut scores, mut tokens) = (vec![0.0; len], vec![0; len]);
-        prefix_sums(
-            runs,
-            token_counts,
-            &mut vec![0; len],
-            &mut scores,
-            &mut tokens,
-        );
-        sort_rows(runs, lower, &scores, &tokens, floors)
+        let scratch = Scratch {
+            ending: &mut vec![0; len],
+            cursors: &mut vec![0; len],
+            scores: &mut vec![0.0; len],
+            tokens: &mut vec![0; len],
+        };
+        rank_with(runs, lower, token_counts, floors, scratch)
     }
+}
+
+/// Zeroed working memory of one ranking, `max_run + 1` entries each.
+struct Scratch<'a> {
+    /// How many members' runs are m blocks long; then m's group.
+    ending: &'a mut [u32],
+    /// Each group's next free row.
+    cursors: &'a mut [u32],
+    /// The score and the tokens of holding the first i blocks.
+    scores: &'a mut [f64],
+    tokens: &'a mut [u64],
+}
+
+fn rank_with(
+    runs: &[u32],
+    lower: &[(usize, u32, f64)],
+    token_counts: &[u32],
+    floors: Floors,
+    scratch: Scratch<'_>,
+) -> Ranking {
+    let Scratch {
+        ending,
+        cursors,
+        scores,
+        tokens,
+    } = scratch;
+    prefix_sums(runs, token_counts, ending, scores, tokens);
+    if lower.is_empty()
+        && let Some(ranking) = order_by_run(runs, scores, tokens, ending, cursors, floors)
+    {
+        return ranking;
+    }
+    sort_rows(runs, lower, scores, tokens, floors)
 }
 
 /// Blocks of ranking scratch kept on the stack.
@@ -124,6 +160,81 @@ fn prefix_sums(
     // Blocks past the request's counts (a malformed request) add nothing.
     scores[counted + 1..].fill(score);
     tokens[counted + 1..].fill(sum);
+}
+
+/// Whether `a` ranks after `b`: score desc, then matched tokens desc.
+fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
+    b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)).is_gt()
+}
+
+/// [`sort_rows`]'s answer without building and sorting rows in member order,
+/// when a row's score and tokens depend on its run length alone (no lower
+/// tiers): walking the lengths longest first gives the keys best first (the
+/// prefix sums never decrease; `None` if they do, and the caller sorts), equal
+/// keys form one group, and each member's row is written straight into its
+/// group's next place, so equal keys keep member (replica-id) order, which is
+/// what the stable sort gives. Overwrites `ending[m]` with m's group.
+fn order_by_run(
+    runs: &[u32],
+    scores: &[f64],
+    tokens: &[u64],
+    ending: &mut [u32],
+    cursors: &mut [u32],
+    floors: Floors,
+) -> Option<Ranking> {
+    const BELOW: u32 = u32::MAX;
+    let (mut groups, mut total) = (0usize, 0u32);
+    let mut previous: Option<(f64, u32)> = None;
+    for m in (1..ending.len()).rev() {
+        let count = ending[m];
+        if count == 0 {
+            continue;
+        }
+        let key = (scores[m], clamp_u32(tokens[m]));
+        if key.1 < floors.minimum_matched_tokens {
+            ending[m] = BELOW;
+            continue;
+        }
+        match previous {
+            Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
+            Some(p) if ranks_after(p, key) => return None,
+            _ => {
+                *cursors.get_mut(groups)? = total;
+                groups += 1;
+                previous = Some(key);
+            }
+        }
+        ending[m] = (groups - 1) as u32;
+        total += count;
+    }
+    if total == 0 {
+        return Some(Ranking::BelowFloor);
+    }
+    let empty = Row {
+        member: 0,
+        score: 0.0,
+        matched_tokens: 0,
+        matched_blocks: 0,
+    };
+    let mut rows = vec![empty; total as usize];
+    for (member, &m) in runs.iter().enumerate() {
+        let m = m as usize;
+        if m == 0 || ending[m] == BELOW {
+            continue;
+        }
+        let cursor = &mut cursors[ending[m] as usize];
+        rows[*cursor as usize] = Row {
+            member,
+            score: scores[m],
+            matched_tokens: clamp_u32(tokens[m]),
+            matched_blocks: m as u32,
+        };
+        *cursor += 1;
+    }
+    if rows[0].score < floors.routing_floor_score {
+        return Some(Ranking::BelowFloor);
+    }
+    Some(Ranking::Prefix(rows))
 }
 
 /// Rows in member order, lower tiers' discount applied, then [`finish`].
@@ -353,6 +464,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest::proptest! {
+        /// The counting placement answers (never falls back on real prefix
+        /// sums) and equals sorting the rows, floors included.
+        #[test]
+        fn placing_by_run_length_equals_sorting_the_rows(
+            runs in proptest::collection::vec(0u32..20, 1..70),
+            counts in proptest::collection::vec(0u32..20, 20),
+            minimum_matched_tokens in 0u32..200,
+            routing_floor_score in 0.0f64..4.0,
+        ) {
+            let floors = Floors { minimum_matched_tokens, routing_floor_score };
+            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
+            let (mut ending, mut cursors) = (vec![0u32; len], vec![0u32; len]);
+            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
+            prefix_sums(&runs, &counts, &mut ending, &mut scores, &mut tokens);
+            let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
+            let placed = order_by_run(&runs, &scores, &tokens, &mut ending, &mut cursors, floors);
+            proptest::prop_assert_eq!(placed, Some(sorted));
+        }
+    }
+
+    #[test]
+    fn placing_by_run_length_falls_back_when_a_shorter_run_scores_more() {
+        // Not reachable from prefix sums (they never decrease), but the placement
+        // must not guess: the caller sorts instead.
+        let (mut ending, mut cursors) = (vec![0, 1, 1], vec![0; 3]);
+        let (scores, tokens) = ([0.0, 2.0, 1.0], [0, 16, 32]);
+        let placed = order_by_run(&[1, 2], &scores, &tokens, &mut ending, &mut cursors, OPEN);
+        assert_eq!(placed, None);
     }
 
     #[test]
