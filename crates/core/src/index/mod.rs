@@ -153,11 +153,22 @@ impl Index {
 
     /// Contract §4 step 6. `ttl` is the requesting tenant's evictionTTL (ns).
     pub(crate) fn classify(&self, scope: ScopeRef<'_>, now: u64, ttl: u64) -> Classified {
+        let tenants = self.tenants.load();
+        let tenant = tenants.get(scope.tenant);
+        // The usual answer first: a known scope has a serving replica or usable
+        // entries, so the index is not globally empty and the rest is moot.
+        let known = |s: &&Arc<ScopeIndex>| {
+            &*s.key.model == scope.model
+                && &*s.key.hash_scheme == scope.hash_scheme
+                && s.is_known(now, ttl)
+        };
+        if let Some(s) = tenant.and_then(|t| t.scopes.load().iter().find(known).cloned()) {
+            return Classified::Known(s);
+        }
         if self.is_globally_empty(scope.tenant) {
             return Classified::GloballyEmpty;
         }
-        let tenants = self.tenants.load();
-        let Some(tenant) = tenants.get(scope.tenant) else {
+        let Some(tenant) = tenant else {
             return Classified::UnknownTenant;
         };
         let (mut tenant_known, mut model_known) = (false, false);
@@ -165,13 +176,9 @@ impl Index {
             if !s.is_known(now, ttl) {
                 continue;
             }
+            // (A known scope with the requested scheme was answered above.)
             tenant_known = true;
-            if &*s.key.model == scope.model {
-                model_known = true;
-                if &*s.key.hash_scheme == scope.hash_scheme {
-                    return Classified::Known(s.clone());
-                }
-            }
+            model_known |= &*s.key.model == scope.model;
         }
         match (tenant_known, model_known) {
             (false, _) => Classified::UnknownTenant,
