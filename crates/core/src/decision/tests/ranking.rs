@@ -387,3 +387,75 @@ fn a_fleet_wider_than_one_word_of_slots_ranks_every_replica() {
     assert_eq!(got_runs, want);
     assert_eq!(got[0].2, 6 * 16);
 }
+
+/// One replica's event over blocks 1..=12 of the request chain.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Stores blocks from..to (a run continuing block from − 1 when from > 1).
+    Store(usize, u64, u64),
+    /// Removes the listed blocks.
+    Remove(usize, Vec<u64>),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0..5usize, 1u64..=12, 0u64..6).prop_map(|(r, from, len)| Op::Store(r, from, (from + len).min(12))),
+        1 => (0..5usize, proptest::collection::vec(1u64..=12, 1..4)).prop_map(|(r, h)| Op::Remove(r, h)),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever runs, parents and removals the replicas' events leave, every
+    /// replica's matched blocks are the longest leading run of the chain it holds
+    /// (a naive per-replica model), so the walk's shortcuts (run continuation, a
+    /// block with its predecessor's holders) never change an answer.
+    #[test]
+    fn matched_blocks_are_each_replicas_longest_leading_run(
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        const IDS: [&str; 5] = ["p0", "p1", "p2", "p3", "p4"];
+        let router = mk_router(open());
+        let mut held: [std::collections::HashMap<u64, u32>; 5] = Default::default();
+        for id in IDS {
+            register(&router, acme(), id, t0());
+        }
+        for op in &ops {
+            let (r, event) = match op {
+                Op::Store(r, from, to) => {
+                    let hashes: Vec<u64> = (*from..=*to).collect();
+                    for h in &hashes {
+                        *held[*r].entry(*h).or_default() += 1;
+                    }
+                    let parent = (*from > 1).then(|| from - 1);
+                    (*r, IndexEvent::Stored { parent, hashes, token_counts: Vec::new() })
+                }
+                Op::Remove(r, hashes) => {
+                    for h in hashes {
+                        if let Some(n) = held[*r].get_mut(h) {
+                            *n -= 1;
+                            if *n == 0 {
+                                held[*r].remove(h);
+                            }
+                        }
+                    }
+                    (*r, IndexEvent::Removed { hashes: hashes.clone() })
+                }
+            };
+            let id = IDS[r];
+            router
+                .ingest(&IngestBatch { scope: acme(), replica_id: id, endpoint: &endpoint_of(id), events: &[event] }, t0())
+                .expect("well-formed batch");
+        }
+        let chain: Vec<u64> = (1..=12).collect();
+        let d = lookup(&router, &req(&chain));
+        // (No match at all answers by affinity or TENANT_HOT: rows of 0 blocks.)
+        let got: std::collections::HashMap<String, u32> =
+            rows(&d).into_iter().filter(|r| r.3 > 0).map(|r| (r.0, r.3)).collect();
+        for (r, id) in IDS.iter().enumerate() {
+            let run = chain.iter().take_while(|h| held[r].contains_key(h)).count() as u32;
+            let want = (run > 0).then_some(run);
+            proptest::prop_assert_eq!(got.get(*id).copied(), want, "replica {}", id);
+        }
+    }
+}
