@@ -84,6 +84,8 @@ pub struct ReplicaChains {
     /// replaces the older one, so an offload right after its GPU removal still
     /// resolves.
     retired: [HashMap<u64, (u64, u64), Hasher>; 2],
+    /// Scratch: one event's content values (kept to allocate once).
+    contents: Vec<u64>,
 }
 
 /// Retired mappings kept per generation.
@@ -115,6 +117,7 @@ impl ReplicaChains {
             positions: 0,
             max_mappings,
             retired: Default::default(),
+            contents: Vec::new(),
         }
     }
 
@@ -236,14 +239,17 @@ impl ReplicaChains {
         };
         let extras = identity.map_or(&[][..], |i| i.extras.as_slice());
         let mut keys: SmallVec<[Extra<'_>; 4]> = SmallVec::new();
+        // Two passes. First the values, which need only the parent and the tokens
+        // (the map is not read): xxh3 or SHA-256 per block, compute only. Then the
+        // map, in a loop of nothing but map updates, so the processor can overlap
+        // one block's cache misses in the table (an entry per engine hash, as large
+        // as the engine's pool) with the next blocks'; interleaved with the hashing
+        // they were paid one after another. The updates are in the same order as
+        // before, so the map ends the same.
+        let mut contents = std::mem::take(&mut self.contents);
+        contents.clear();
         let mut hashes = Vec::with_capacity(block_hashes.len());
-        // One growth for the whole event rather than one per threshold crossed.
-        self.own.reserve(block_hashes.len());
-        for (i, (engine, tokens)) in block_hashes
-            .iter()
-            .zip(token_ids.chunks_exact(bs))
-            .enumerate()
-        {
+        for (i, tokens) in token_ids.chunks_exact(bs).enumerate() {
             // Recomputed every time: the value names the position (parent + tokens),
             // whatever the engine hash does.
             let content = if v2 {
@@ -255,6 +261,20 @@ impl ReplicaChains {
             } else {
                 chain::content_block(own_parent, tokens)
             };
+            contents.push(content);
+            hashes.push(
+                Position {
+                    content,
+                    identity: digest,
+                    refs: 1,
+                }
+                .value(),
+            );
+            own_parent = Some(content);
+        }
+        // One growth for the whole event rather than one per threshold crossed.
+        self.own.reserve(block_hashes.len());
+        for (engine, &content) in block_hashes.iter().zip(&contents) {
             let pos = Position {
                 content,
                 identity: digest,
@@ -265,8 +285,6 @@ impl ReplicaChains {
                 Entry::Vacant(v) => {
                     v.insert(smallvec::smallvec![pos]);
                     self.positions += 1;
-                    hashes.push(pos.value());
-                    own_parent = Some(content);
                     continue;
                 }
                 Entry::Occupied(o) => o.into_mut(),
@@ -289,9 +307,8 @@ impl ReplicaChains {
                     self.positions += 1;
                 }
             }
-            hashes.push(pos.value());
-            own_parent = Some(content);
         }
+        self.contents = contents;
         out.push(IndexEvent::Stored {
             parent: first_parent,
             hashes,
