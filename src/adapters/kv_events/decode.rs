@@ -695,8 +695,11 @@ fn read_hashes(cur: &mut Cursor<'_>, depth: u16) -> Result<Field<Vec<u64>>, Malf
         }
     };
     let mut out = Vec::with_capacity((n as usize).min(cur.rest().len()));
+    // Unsigned hashes in one loop; the rest (if any) the general way. Items are
+    // values one level down: none is readable with no depth left.
+    let fast = if inner > 0 { cur.u64s(n, &mut out) } else { 0 };
     let mut bad = None;
-    for i in 0..n as usize {
+    for i in fast as usize..n as usize {
         let head = cur.item(inner)?;
         if bad.is_none() {
             match hash(head) {
