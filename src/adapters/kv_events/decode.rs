@@ -632,12 +632,15 @@ fn block_extras(
 ) -> Result<Vec<ExtraKey>, Malformed> {
     let mut out = Vec::new();
     for j in 0..items {
-        let raw = cur.value(depth)?;
-        let mut item = Cursor::new(raw);
-        match item.head(depth)? {
+        // The item read once (a string, the common case, in its head alone); its
+        // bytes are re-read only for a pair or an opaque key.
+        let start = *cur;
+        let head = cur.item(depth)?;
+        let raw = &start.rest()[..start.rest().len() - cur.rest().len()];
+        match head {
             // The adapter: identity, carried by `lora_name`.
-            (Head::Str(_), _) if j == 0 && has_lora => continue,
-            (Head::Str(s), _) if first_block => {
+            Head::Str(_) if j == 0 && has_lora => continue,
+            Head::Str(s) if first_block => {
                 if let Ok(text) = std::str::from_utf8(s)
                     && !text.is_empty()
                 {
@@ -650,7 +653,9 @@ fn block_extras(
                     }
                 }
             }
-            (Head::Array(2), inner) => {
+            Head::Array(2) => {
+                let mut item = Cursor::new(raw);
+                let (_, inner) = item.head(depth)?;
                 if let (Head::Str(id), Head::Int(off)) = (item.item(inner)?, item.item(inner)?)
                     && let (Ok(identifier), Some(offset)) = (std::str::from_utf8(id), off.as_i64())
                 {
@@ -661,7 +666,7 @@ fn block_extras(
                     continue;
                 }
             }
-            (Head::Bin(b), _) => {
+            Head::Bin(b) => {
                 out.push(ExtraKey::Embeds(b.to_vec()));
                 continue;
             }
