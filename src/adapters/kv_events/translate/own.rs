@@ -49,8 +49,10 @@ pub(super) enum Stored {
 
 /// A slot for `p`: a free one, else a new one; `None` past the last index.
 fn place(slots: &mut Vec<Position>, free: &mut Vec<u32>, p: Position) -> Option<u32> {
-    if let Some(i) = free.pop() {
-        slots[i as usize] = p;
+    if let Some(i) = free.pop()
+        && let Some(slot) = slots.get_mut(i as usize)
+    {
+        *slot = p;
         return Some(i);
     }
     let i = u32::try_from(slots.len()).ok().filter(|i| *i != SEVERAL)?;
