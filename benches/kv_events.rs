@@ -10,7 +10,9 @@
 //! 524,288 per scheme), IC_BENCH_LAG_SAMPLES (default 500), IC_BENCH_SCHEMES
 //! (comma-separated subset and order of the four above), IC_BENCH_LAG_POLL
 //! (`spin`: the lag poller never gives up its core, as before; default: it
-//! `sched_yield`s between lookups).
+//! `sched_yield`s between lookups), IC_BENCH_POOL (blocks: each batch also removes
+//! the blocks stored that many blocks before, as an engine with a full pool of that
+//! size evicts; default 0, nothing removed: the maps grow from empty).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -66,7 +68,7 @@ fn lag_token(i: u64, t: u64) -> u64 {
 /// One batch of `events` BlockStored events continuing a chain of engine hashes;
 /// with `identity`, as vLLM publishes a LoRA request with a cache salt.
 fn batch(first_hash: u64, events: usize, blocks_per_event: usize, identity: bool) -> Vec<u8> {
-    batch_of(first_hash, events, blocks_per_event, identity, &token)
+    batch_of(first_hash, events, blocks_per_event, identity, &token, None)
 }
 
 /// [`batch`] with the tokens of `token(first engine hash of the event, t)`.
@@ -76,6 +78,7 @@ fn batch_of(
     blocks_per_event: usize,
     identity: bool,
     token: &dyn Fn(u64, u64) -> u64,
+    removed: Option<std::ops::Range<u64>>,
 ) -> Vec<u8> {
     let mut evs = Vec::new();
     let mut h = first_hash;
@@ -118,6 +121,14 @@ fn batch_of(
         }
         evs.push(Value::Array(event));
         h += blocks_per_event as u64;
+    }
+    if let Some(gone) = removed {
+        let hashes = gone.map(Value::from).collect();
+        evs.push(Value::Array(vec![
+            Value::from("BlockRemoved"),
+            Value::Array(hashes),
+            Value::from("GPU"),
+        ]));
     }
     let v = Value::Array(vec![Value::F64(now_secs()), Value::Array(evs), Value::Nil]);
     let mut out = Vec::new();
@@ -227,15 +238,24 @@ impl Rig {
             .expect("send");
     }
 
-    async fn throughput(&mut self, blocks: usize) -> f64 {
+    async fn throughput(&mut self, blocks: usize, pool: usize) -> f64 {
         let batches = blocks.div_ceil(BLOCKS_PER_BATCH);
+        let pool_batches = pool.div_ceil(BLOCKS_PER_BATCH);
         let payloads: Vec<Vec<u8>> = (0..batches)
             .map(|i| {
-                batch(
-                    1 + (i * BLOCKS_PER_BATCH) as u64,
+                let first = 1 + (i * BLOCKS_PER_BATCH) as u64;
+                // With a pool: the blocks of the batch `pool_batches` back go.
+                let removed = (pool_batches > 0 && i >= pool_batches).then(|| {
+                    let at = first - (pool_batches * BLOCKS_PER_BATCH) as u64;
+                    at..at + BLOCKS_PER_BATCH as u64
+                });
+                batch_of(
+                    first,
                     EVENTS_PER_BATCH,
                     BLOCKS_PER_EVENT,
                     self.identity,
+                    &token,
+                    removed,
                 )
             })
             .collect();
@@ -286,7 +306,7 @@ impl Rig {
         for i in 0..samples {
             let first = (1u64 << 40) + (i as u64) * 1000;
             let tokens_of = |_h: u64, t: u64| lag_token(i as u64, t);
-            let payload = batch_of(first, 1, 8, self.identity, &tokens_of);
+            let payload = batch_of(first, 1, 8, self.identity, &tokens_of, None);
             let chain: Vec<u64> = match Scheme::from_name(self.scheme) {
                 Some(s @ (Scheme::ContentV1 | Scheme::ContentV2)) => {
                     let tokens: Vec<u32> = (0..(8 * BLOCK) as u64)
@@ -327,9 +347,15 @@ impl Rig {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let blocks = env("IC_BENCH_BLOCKS", 1 << 19);
+    let pool = env("IC_BENCH_POOL", 0);
     let samples = env("IC_BENCH_LAG_SAMPLES", 500);
     println!(
-        "kv_events bench: {blocks} blocks per scheme, {BLOCKS_PER_BATCH} blocks per batch, real ZMQ socket on loopback"
+        "kv_events bench: {blocks} blocks per scheme, {BLOCKS_PER_BATCH} blocks per batch, real ZMQ socket on loopback{}",
+        if pool > 0 {
+            format!(", a pool of {pool} blocks (older ones removed)")
+        } else {
+            String::new()
+        }
     );
     let schemes = std::env::var("IC_BENCH_SCHEMES").unwrap_or_else(|_| {
         "engine-raw,ic-content-v1,ic-content-v2,ic-content-v2+lora".to_string()
@@ -343,7 +369,7 @@ async fn main() {
             other => panic!("IC_BENCH_SCHEMES: unknown {other:?}"),
         };
         let mut rig = Rig::new(scheme).await;
-        let rate = rig.throughput(blocks).await;
+        let rate = rig.throughput(blocks, pool).await;
         let (p50, p99, max) = rig.lag(samples).await;
         // Issue 12: the xxh3 scheme is to reach 3M blocks/s; the others 500k.
         let target = if scheme.starts_with("ic-content-v2") {

@@ -632,12 +632,15 @@ fn block_extras(
 ) -> Result<Vec<ExtraKey>, Malformed> {
     let mut out = Vec::new();
     for j in 0..items {
-        let raw = cur.value(depth)?;
-        let mut item = Cursor::new(raw);
-        match item.head(depth)? {
+        // The item read once (a string, the common case, in its head alone); its
+        // bytes are re-read only for a pair or an opaque key.
+        let start = *cur;
+        let head = cur.item(depth)?;
+        let raw = &start.rest()[..start.rest().len() - cur.rest().len()];
+        match head {
             // The adapter: identity, carried by `lora_name`.
-            (Head::Str(_), _) if j == 0 && has_lora => continue,
-            (Head::Str(s), _) if first_block => {
+            Head::Str(_) if j == 0 && has_lora => continue,
+            Head::Str(s) if first_block => {
                 if let Ok(text) = std::str::from_utf8(s)
                     && !text.is_empty()
                 {
@@ -650,7 +653,9 @@ fn block_extras(
                     }
                 }
             }
-            (Head::Array(2), inner) => {
+            Head::Array(2) => {
+                let mut item = Cursor::new(raw);
+                let (_, inner) = item.head(depth)?;
                 if let (Head::Str(id), Head::Int(off)) = (item.item(inner)?, item.item(inner)?)
                     && let (Ok(identifier), Some(offset)) = (std::str::from_utf8(id), off.as_i64())
                 {
@@ -661,7 +666,7 @@ fn block_extras(
                     continue;
                 }
             }
-            (Head::Bin(b), _) => {
+            Head::Bin(b) => {
                 out.push(ExtraKey::Embeds(b.to_vec()));
                 continue;
             }
@@ -695,8 +700,11 @@ fn read_hashes(cur: &mut Cursor<'_>, depth: u16) -> Result<Field<Vec<u64>>, Malf
         }
     };
     let mut out = Vec::with_capacity((n as usize).min(cur.rest().len()));
+    // Unsigned hashes in one loop; the rest (if any) the general way. Items are
+    // values one level down: none is readable with no depth left.
+    let fast = if inner > 0 { cur.u64s(n, &mut out) } else { 0 };
     let mut bad = None;
-    for i in 0..n as usize {
+    for i in fast as usize..n as usize {
         let head = cur.item(inner)?;
         if bad.is_none() {
             match hash(head) {

@@ -270,24 +270,58 @@ impl<'a> Cursor<'a> {
 
     /// Reads up to `n` leading items that are u32 integers in the encodings
     /// engines use for token ids (fixint, uint 8/16/32) into `out`, and returns how
-    /// many it read; the caller reads the rest (if any) the general way. One tight
-    /// loop over the bytes: token ids are most of an event's items.
+    /// many it read; the caller reads the rest (if any) the general way. Token ids
+    /// are most of an event's items, and an engine's ids come in runs of one width
+    /// (all uint 16 or uint 32 in a large vocabulary), so each run is read in a
+    /// loop of its own that only checks the marker: no dispatch per item, and the
+    /// ids are written into place rather than pushed.
     pub fn u32s(&mut self, n: u32, out: &mut Vec<u32>) -> u32 {
+        // Every item takes at least one byte: a count past the bytes left cannot
+        // size the output.
+        let want = (n as usize).min(self.buf.len());
+        let base = out.len();
+        out.resize(base + want, 0);
+        let slots = &mut out[base..];
         let mut read = 0;
-        let mut buf = self.buf;
+        while read < want {
+            let left = &mut slots[read..];
+            let got = match self.buf.first() {
+                Some(0x00..=0x7f) => fixints(&mut self.buf, left),
+                Some(0xcc) => run::<2>(&mut self.buf, 0xcc, left),
+                Some(0xcd) => run::<3>(&mut self.buf, 0xcd, left),
+                Some(0xce) => run::<5>(&mut self.buf, 0xce, left),
+                _ => 0,
+            };
+            if got == 0 {
+                break;
+            }
+            read += got;
+        }
+        out.truncate(base + read);
+        read as u32
+    }
+
+    /// [`u32s`](Self::u32s) for block hashes: up to `n` leading items that are
+    /// unsigned integers (fixint, uint 8/16/32/64), read into `out`; returns how
+    /// many. Anything else (a signed or bytes hash, a cut item) is left for the
+    /// general path.
+    pub fn u64s(&mut self, n: u32, out: &mut Vec<u64>) -> u32 {
+        let mut read = 0;
         while read < n {
-            let (v, rest) = match *buf {
-                [b @ 0x00..=0x7f, ref rest @ ..] => (u32::from(b), rest),
-                [0xcc, b, ref rest @ ..] => (u32::from(b), rest),
-                [0xcd, a, b, ref rest @ ..] => (u32::from(u16::from_be_bytes([a, b])), rest),
-                [0xce, a, b, c, d, ref rest @ ..] => (u32::from_be_bytes([a, b, c, d]), rest),
+            let (v, used) = match *self.buf {
+                [b @ 0x00..=0x7f, ..] => (u64::from(b), 1),
+                [0xcf, a, b, c, d, e, f, g, h, ..] => {
+                    (u64::from_be_bytes([a, b, c, d, e, f, g, h]), 9)
+                }
+                [0xce, a, b, c, d, ..] => (u64::from(u32::from_be_bytes([a, b, c, d])), 5),
+                [0xcd, a, b, ..] => (u64::from(u16::from_be_bytes([a, b])), 3),
+                [0xcc, b, ..] => (u64::from(b), 2),
                 _ => break,
             };
             out.push(v);
-            buf = rest;
+            self.buf = &self.buf[used..];
             read += 1;
         }
-        self.buf = buf;
         read
     }
 
@@ -330,6 +364,37 @@ impl<'a> Cursor<'a> {
             }
         }
     }
+}
+
+/// A run of positive fixints at the start of `buf` into `slots` (as many as fit);
+/// returns how many, past which `buf` is moved.
+fn fixints(buf: &mut &[u8], slots: &mut [u32]) -> usize {
+    let mut k = 0;
+    for (slot, &b) in slots.iter_mut().zip(buf.iter()) {
+        if b > 0x7f {
+            break;
+        }
+        *slot = u32::from(b);
+        k += 1;
+    }
+    *buf = &buf[k..];
+    k
+}
+
+/// A run of `W`-byte items (the marker, then a big-endian value of `W - 1` bytes)
+/// at the start of `buf` into `slots` (as many as fit); returns how many, past
+/// which `buf` is moved. A cut item at the end is not read.
+fn run<const W: usize>(buf: &mut &[u8], marker: u8, slots: &mut [u32]) -> usize {
+    let mut k = 0;
+    for (slot, item) in slots.iter_mut().zip(buf.chunks_exact(W)) {
+        if item[0] != marker {
+            break;
+        }
+        *slot = item[1..].iter().fold(0u32, |v, &b| (v << 8) | u32::from(b));
+        k += 1;
+    }
+    *buf = &buf[k * W..];
+    k
 }
 
 #[cfg(test)]
@@ -389,6 +454,117 @@ mod tests {
         assert_eq!(c.u32s(1, &mut out), 1);
         assert_eq!(c.u32s(5, &mut out), 1);
         assert_eq!(c.rest(), [0xcd, 0x01]);
+    }
+
+    /// Items one at a time: how many leading items the fast readers take.
+    /// `u64`: uint 64 is one of the encodings (hashes), else not (token ids).
+    fn leading<T>(raw: &[u8], n: u32, u64: bool, one: impl Fn(Head<'_>) -> Option<T>) -> Vec<T> {
+        let mut c = Cursor::new(raw);
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let before = c;
+            // A token/hash item is one byte of marker plus its value: anything
+            // longer or shorter than these encodings is for the general path.
+            let Ok(head) = c.item(16) else { break };
+            let used = before.rest().len() - c.rest().len();
+            let marker = before.rest()[0];
+            let fast = match marker {
+                0x00..=0x7f => used == 1,
+                0xcc => used == 2,
+                0xcd => used == 3,
+                0xce => used == 5,
+                0xcf => u64 && used == 9,
+                _ => false,
+            };
+            match one(head) {
+                Some(v) if fast => out.push(v),
+                _ => break,
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn u32s_and_u64s_read_runs_of_any_width_as_item_by_item() {
+        // Runs of one width, alternations, values at each width's edges, cut items
+        // and other kinds; every prefix of each sequence.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let edges = [
+            0u64,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            u64::from(u32::MAX),
+            u64::from(u32::MAX) + 1,
+            u64::MAX,
+        ];
+        for case in 0..400 {
+            let len = (next() % 40) as usize;
+            let mut items = Vec::new();
+            let mut width = next() % 5;
+            for _ in 0..len {
+                if next() % 6 == 0 {
+                    width = next() % 5;
+                }
+                let v = match width {
+                    0 => next() % 128,
+                    1 => 128 + next() % 128,
+                    2 => 256 + next() % 65_280,
+                    3 => 65_536 + next() % (u64::from(u32::MAX) - 65_535),
+                    _ => edges[(next() % edges.len() as u64) as usize],
+                };
+                items.push(match next() % 50 {
+                    0 => Value::from(-1),
+                    1 => Value::from("x"),
+                    2 => Value::Binary(vec![1, 2]),
+                    _ => Value::from(v),
+                });
+            }
+            let mut raw = Vec::new();
+            for v in &items {
+                raw.extend(bytes(v));
+            }
+            for cut in [raw.len(), raw.len().saturating_sub(1), raw.len() / 2] {
+                let raw = &raw[..cut];
+                for n in [len as u32, (len / 2) as u32, len as u32 + 3] {
+                    let want32 = leading(raw, n, false, |h| match h {
+                        Head::Int(Int::Pos(v)) => u32::try_from(v).ok(),
+                        _ => None,
+                    });
+                    let mut c = Cursor::new(raw);
+                    let mut got = vec![7];
+                    assert_eq!(c.u32s(n, &mut got) as usize, want32.len(), "case {case}");
+                    assert_eq!(got[0], 7, "what was in the output stays");
+                    assert_eq!(&got[1..], want32, "case {case}");
+                    let used: usize = {
+                        let mut d = Cursor::new(raw);
+                        for _ in 0..want32.len() {
+                            d.item(16).unwrap();
+                        }
+                        raw.len() - d.rest().len()
+                    };
+                    assert_eq!(c.rest(), &raw[used..], "case {case}");
+
+                    let want64 = leading(raw, n, true, |h| match h {
+                        Head::Int(Int::Pos(v)) => Some(v),
+                        _ => None,
+                    });
+                    let mut c = Cursor::new(raw);
+                    let mut got = Vec::new();
+                    assert_eq!(c.u64s(n, &mut got) as usize, want64.len(), "case {case}");
+                    assert_eq!(got, want64, "case {case}");
+                }
+            }
+        }
     }
 
     #[test]

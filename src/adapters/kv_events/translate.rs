@@ -44,13 +44,15 @@
 //! reference like a GPU one.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 
 /// The maps' hasher: a lookup or two per block, so the default SipHash is a cost
 /// worth avoiding; foldhash is still seeded at random per process.
 type Hasher = foldhash::fast::RandomState;
 
 use smallvec::SmallVec;
+
+mod own;
+use own::{OwnTable, Stored};
 
 use crate::adapters::kv_events::decode::{EngineEvent, StoredIdentity};
 use crate::core::chain::{self, Extra, Scheme, content_v2};
@@ -75,7 +77,7 @@ pub struct ReplicaChains {
     /// `ic-content-v1` or `-v2` (own chain); `None`: pass through.
     content: Option<Scheme>,
     /// engine hash → its own values (positions), least recently stored first.
-    own: HashMap<u64, SmallVec<[Position; 1]>, Hasher>,
+    own: OwnTable,
     /// Positions over all engine hashes.
     positions: usize,
     max_mappings: usize,
@@ -84,6 +86,8 @@ pub struct ReplicaChains {
     /// replaces the older one, so an offload right after its GPU removal still
     /// resolves.
     retired: [HashMap<u64, (u64, u64), Hasher>; 2],
+    /// Scratch: one event's content values (kept to allocate once).
+    contents: Vec<u64>,
 }
 
 /// Retired mappings kept per generation.
@@ -111,10 +115,11 @@ impl ReplicaChains {
         Self {
             content: Scheme::from_name(hash_scheme)
                 .filter(|s| matches!(s, Scheme::ContentV1 | Scheme::ContentV2)),
-            own: HashMap::default(),
+            own: OwnTable::default(),
             positions: 0,
             max_mappings,
             retired: Default::default(),
+            contents: Vec::new(),
         }
     }
 
@@ -126,7 +131,7 @@ impl ReplicaChains {
 
     /// Forgets everything (the replica was cleared or restarted).
     pub fn reset(&mut self) {
-        self.own = HashMap::default();
+        self.own = OwnTable::default();
         self.positions = 0;
         self.retired = Default::default();
     }
@@ -228,7 +233,7 @@ impl ReplicaChains {
         let (mut own_parent, digest, first_parent) = match parent {
             None => (None, if v2 { root_identity(identity) } else { 0 }, None),
             // The most recently stored position of the parent's engine hash.
-            Some(p) => match self.own.get(&p).and_then(|v| v.last()) {
+            Some(p) => match self.own.last(p) {
                 Some(pos) => (Some(pos.content), pos.identity, Some(pos.value())),
                 // The parent was stored before we listened: its own value is unknown.
                 None => return false,
@@ -236,14 +241,17 @@ impl ReplicaChains {
         };
         let extras = identity.map_or(&[][..], |i| i.extras.as_slice());
         let mut keys: SmallVec<[Extra<'_>; 4]> = SmallVec::new();
+        // Two passes. First the values, which need only the parent and the tokens
+        // (the map is not read): xxh3 or SHA-256 per block, compute only. Then the
+        // map, in a loop of nothing but map updates, so the processor can overlap
+        // one block's cache misses in the table (an entry per engine hash, as large
+        // as the engine's pool) with the next blocks'; interleaved with the hashing
+        // they were paid one after another. The updates are in the same order as
+        // before, so the map ends the same.
+        let mut contents = std::mem::take(&mut self.contents);
+        contents.clear();
         let mut hashes = Vec::with_capacity(block_hashes.len());
-        // One growth for the whole event rather than one per threshold crossed.
-        self.own.reserve(block_hashes.len());
-        for (i, (engine, tokens)) in block_hashes
-            .iter()
-            .zip(token_ids.chunks_exact(bs))
-            .enumerate()
-        {
+        for (i, tokens) in token_ids.chunks_exact(bs).enumerate() {
             // Recomputed every time: the value names the position (parent + tokens),
             // whatever the engine hash does.
             let content = if v2 {
@@ -255,43 +263,25 @@ impl ReplicaChains {
             } else {
                 chain::content_block(own_parent, tokens)
             };
-            let pos = Position {
-                content,
-                identity: digest,
-                refs: 1,
-            };
-            let slots = match self.own.entry(*engine) {
-                // The common case: an engine hash not seen before.
-                Entry::Vacant(v) => {
-                    v.insert(smallvec::smallvec![pos]);
-                    self.positions += 1;
-                    hashes.push(pos.value());
-                    own_parent = Some(content);
-                    continue;
+            contents.push(content);
+            hashes.push(
+                Position {
+                    content,
+                    identity: digest,
+                    refs: 1,
                 }
-                Entry::Occupied(o) => o.into_mut(),
-            };
-            match slots
-                .iter()
-                .position(|p| (p.content, p.identity) == (content, digest))
-            {
-                // The common case: one position, stored again.
-                Some(i) if i + 1 == slots.len() => {
-                    slots[i].refs = slots[i].refs.saturating_add(1);
-                }
-                Some(i) => {
-                    let mut p = slots.remove(i);
-                    p.refs = p.refs.saturating_add(1);
-                    slots.push(p);
-                }
-                None => {
-                    slots.push(pos);
-                    self.positions += 1;
-                }
-            }
-            hashes.push(pos.value());
+                .value(),
+            );
             own_parent = Some(content);
         }
+        // One growth for the whole event rather than one per threshold crossed.
+        self.own.reserve(block_hashes.len());
+        for (engine, &content) in block_hashes.iter().zip(&contents) {
+            if self.own.store(*engine, content, digest) == Stored::New {
+                self.positions += 1;
+            }
+        }
+        self.contents = contents;
         out.push(IndexEvent::Stored {
             parent: first_parent,
             hashes,
@@ -304,22 +294,14 @@ impl ReplicaChains {
         let mut hashes = Vec::with_capacity(block_hashes.len());
         let mut retired = Vec::new();
         for engine in block_hashes {
-            let Some(slots) = self.own.get_mut(engine) else {
-                continue;
-            };
             // The least recently stored position (see the module docs).
-            let Some(first) = slots.first_mut() else {
+            let Some((first, went)) = self.own.release_first(*engine) else {
                 continue;
             };
             hashes.push(first.value());
-            first.refs -= 1;
-            if first.refs == 0 {
+            if went {
                 retired.push((*engine, (first.content, first.identity)));
-                slots.remove(0);
                 self.positions -= 1;
-                if slots.is_empty() {
-                    self.own.remove(engine);
-                }
             }
         }
         for (engine, value) in retired {
@@ -380,21 +362,23 @@ impl ReplicaChains {
     fn store_lower(&mut self, block_hashes: &[u64]) -> Vec<u64> {
         let mut hashes = Vec::with_capacity(block_hashes.len());
         for engine in block_hashes {
-            if let Some(pos) = self.own.get_mut(engine).and_then(|v| v.last_mut()) {
-                pos.refs = pos.refs.saturating_add(1);
+            if let Some(pos) = self.own.bump_last(*engine) {
                 hashes.push(pos.value());
                 continue;
             }
             let retired = self.retired.iter().find_map(|g| g.get(engine).copied());
             if let Some((content, identity)) = retired {
-                let pos = Position {
-                    content,
-                    identity,
-                    refs: 1,
-                };
-                self.own.entry(*engine).or_default().push(pos);
+                // Not mapped (else it had a last position): a new mapping.
+                self.own.store(*engine, content, identity);
                 self.positions += 1;
-                hashes.push(pos.value());
+                hashes.push(
+                    Position {
+                        content,
+                        identity,
+                        refs: 1,
+                    }
+                    .value(),
+                );
             }
         }
         hashes

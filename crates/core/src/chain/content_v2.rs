@@ -115,6 +115,22 @@ pub fn identity_key(identity: Option<u64>, content: u64) -> u64 {
 /// `u8 has_parent · u64_le parent · u32_le n · n × u32_le token · u32_le k · k extras`,
 /// each extra a tag byte and its fields (strings and bytes length-prefixed, u32_le).
 pub fn block_value(parent: Option<u64>, tokens: &[u32], extras: &[Extra<'_>]) -> u64 {
+    // The common cases (no extra keys; vLLM's 16-token blocks, pages up to 64
+    // tokens): the encoding in a fixed array on the stack, with no length to keep.
+    // Same bytes as the general path below.
+    if extras.is_empty() {
+        if tokens.len() <= 16 {
+            return plain_value::<{ PLAIN_HEAD + 16 * 4 + 4 }>(parent, tokens);
+        }
+        if tokens.len() <= 64 {
+            return plain_value::<{ PLAIN_HEAD + 64 * 4 + 4 }>(parent, tokens);
+        }
+    }
+    general_value(parent, tokens, extras)
+}
+
+/// [`block_value`] for any block: the encoding in a growable buffer.
+fn general_value(parent: Option<u64>, tokens: &[u32], extras: &[Extra<'_>]) -> u64 {
     const HEAD: usize = 1 + 8 + 4;
     /// Zeros to size the buffer with: `SmallVec::resize` writes them one by one.
     const ZEROS: [u8; 320] = [0; 320];
@@ -152,6 +168,24 @@ pub fn block_value(parent: Option<u64>, tokens: &[u32], extras: &[Extra<'_>]) ->
         }
     }
     xxh3_64(&buf)
+}
+
+/// `u8 has_parent · u64_le parent · u32_le n`: the head of a block's encoding.
+const PLAIN_HEAD: usize = 1 + 8 + 4;
+
+/// [`block_value`] of a block without extra keys whose encoding fits `N` bytes.
+#[inline]
+fn plain_value<const N: usize>(parent: Option<u64>, tokens: &[u32]) -> u64 {
+    let mut buf = [0u8; N];
+    let len = PLAIN_HEAD + tokens.len() * 4 + 4;
+    buf[0] = u8::from(parent.is_some());
+    buf[1..9].copy_from_slice(&parent.unwrap_or(0).to_le_bytes());
+    buf[9..PLAIN_HEAD].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
+    for (dst, t) in buf[PLAIN_HEAD..].chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    // The extra-key count, 0, is already in place.
+    xxh3_64(&buf[..len])
 }
 
 fn put_str<A: smallvec::Array<Item = u8>>(buf: &mut SmallVec<A>, s: &str) {
@@ -198,6 +232,20 @@ pub fn content_chain(block_size: usize, tokens: &[u32], mm: &[MmInput<'_>]) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_blocks_hash_as_the_general_encoding() {
+        for n in 0..=70u32 {
+            let t: Vec<u32> = (0..n).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+            for parent in [None, Some(0), Some(u64::MAX), Some(0x0123_4567_89ab_cdef)] {
+                assert_eq!(
+                    block_value(parent, &t, &[]),
+                    general_value(parent, &t, &[]),
+                    "{n} tokens, parent {parent:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn xxh3_is_the_reference_function() {
