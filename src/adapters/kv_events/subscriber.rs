@@ -630,7 +630,9 @@ impl Applier {
         let mut result = Ok(());
         // A reply with a hole (the engine's ROUTER drops at its high-water mark
         // when it answers faster than we apply) is asked again from the hole, as
-        // long as each round makes progress.
+        // long as each round makes progress. So is a reply that goes quiet (or
+        // breaks) after progress: the ROUTER may have dropped its tail and its end
+        // marker, a hole that no later frame reveals.
         for _round in 0..GAP_ATTEMPTS * 10 {
             let progress_from = last;
             let mut hole = false;
@@ -661,7 +663,8 @@ impl Applier {
                 true
             })
             .await;
-            if !hole || outcome == Warm::Failed || last == progress_from {
+            let cut = hole || result.is_err();
+            if !cut || outcome == Warm::Failed || last == progress_from {
                 break;
             }
         }

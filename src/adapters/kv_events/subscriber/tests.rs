@@ -117,13 +117,15 @@ fn reply(ident: &Bytes, shape: Shape, topic: &[u8], seq: u64, payload: &[u8]) ->
 /// An engine: PUB + replay ROUTER (zeromq 0.7, as the simulated engine uses),
 /// replying in `shape`. With `hold_reply`, that batch joins the buffer when a
 /// replay request comes and the reply waits 200 ms (the test publishes it live
-/// meanwhile).
+/// meanwhile). With `drop_tail` set, the next reply loses its last batch and its
+/// end marker, as a ROUTER at its high-water mark drops them, and goes quiet.
 struct Engine {
     publisher: PubSocket,
     endpoint: String,
     replay_endpoint: String,
     buffer: Arc<parking_lot::Mutex<BTreeMap<u64, Vec<u8>>>>,
     requests: Arc<std::sync::atomic::AtomicU32>,
+    drop_tail: Arc<std::sync::atomic::AtomicBool>,
     seq: u64,
 }
 
@@ -147,7 +149,8 @@ impl Engine {
         let replay_endpoint = router.bind(replay_at).await?.to_string();
         let buffer: Arc<parking_lot::Mutex<BTreeMap<u64, Vec<u8>>>> = Arc::default();
         let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let (buf, reqs) = (buffer.clone(), requests.clone());
+        let drop_tail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (buf, reqs, cut) = (buffer.clone(), requests.clone(), drop_tail.clone());
         tokio::spawn(async move {
             while let Ok(msg) = router.recv().await {
                 let frames = msg.into_vec();
@@ -159,16 +162,23 @@ impl Engine {
                     buf.lock().insert(live.0, live.1.clone());
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                let batches: Vec<(u64, Vec<u8>)> = buf
+                let mut batches: Vec<(u64, Vec<u8>)> = buf
                     .lock()
                     .range(from..)
                     .map(|(s, p)| (*s, p.clone()))
                     .collect();
+                let quiet = cut.swap(false, std::sync::atomic::Ordering::SeqCst);
+                if quiet {
+                    batches.pop();
+                }
                 for (seq, payload) in batches {
                     router
                         .send(reply(&ident, shape, b"kv", seq, &payload))
                         .await
                         .unwrap();
+                }
+                if quiet {
+                    continue;
                 }
                 router
                     .send(reply(&ident, shape, b"", u64::MAX, b""))
@@ -182,6 +192,7 @@ impl Engine {
             replay_endpoint,
             buffer,
             requests,
+            drop_tail,
             seq: 0,
         })
     }
@@ -294,6 +305,40 @@ async fn warm_start_applies_the_buffer_then_follows_live_without_double_applying
         );
         assert_eq!(metrics.gaps(), 0, "{shape:?}");
         assert_eq!(engine.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
+
+/// A warm-start reply that loses its tail and its end marker (a ROUTER at its
+/// high-water mark) and goes quiet is asked again from where it stopped: no later
+/// frame would reveal that hole, and no live batch may come to fill it as a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_start_reply_that_goes_quiet_is_asked_again_from_where_it_stopped() {
+    for shape in [Shape::Current, Shape::Older] {
+        let mut engine = Engine::start(shape, None).await;
+        engine.buffered(batch(&[1, 2], &[]));
+        engine.buffered(batch(&[10, 11], &[]));
+        engine.buffered(batch(&[20, 21, 22], &[]));
+        engine
+            .drop_tail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let router = router();
+        let metrics = Arc::new(KvEventMetrics::default());
+        let config = SubscriberConfig {
+            replay_timeout: Duration::from_millis(300),
+            ..config(&engine.endpoint, Some(&engine.replay_endpoint))
+        };
+        let _sub = Subscriber::spawn(config, router.clone(), metrics.clone());
+        wait_for("the whole buffer, its lost tail included", || {
+            entries(&router) == 7
+        })
+        .await;
+        assert_eq!(
+            engine.requests.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "{shape:?}: asked again once, from seq 2"
+        );
+        assert_eq!(metrics.batches(), 3, "{shape:?}: each batch applied once");
+        assert_eq!(metrics.gaps(), 0, "{shape:?}");
     }
 }
 
