@@ -159,6 +159,7 @@ class Publisher:
             self.pub.bind(f"tcp://{host}:{port}")
             self.port = port
         self.replay_port = None
+        self.router = None
         self.host = host
         self.seq = 0
         self.sent = {}  # seq -> payload (the replay buffer)
@@ -220,6 +221,7 @@ class Publisher:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=2)
+        if self.router is not None:
             self.router.close(linger=0)
         self.pub.close(linger=0)
 
@@ -290,25 +292,16 @@ class KvStack:
             hosts = {"replica-a": "127.0.0.1", "replica-b": "127.0.0.2"}
         endpoint_ranks = endpoint_ranks or {}
         count = {r: backend_ranks or endpoint_ranks.get(r, 1) for r in hosts}
-        self.replay_port = replay_port or free_ports(max(count.values(), default=1),
-                                                     list(hosts.values()) or ["127.0.0.1"])
-        self.ranks = {}  # replica -> its publishers, by rank
-        endpoint_spec = {}
-        for r, h in hosts.items():
-            if count[r] == 1:
-                self.ranks[r] = [Publisher(h, generation, shape)]
-                replay = self.replay_port
-            else:
-                base = free_ports(count[r], [h])
-                self.ranks[r] = [Publisher(h, generation, shape, port=base + i)
-                                 for i in range(count[r])]
-                replay = self.replay_port
-                if r in endpoint_ranks:  # the endpoint names its own replay socket
-                    replay = free_ports(count[r], [h])
-                    endpoint_spec[r] = [f"dataParallelSize: {count[r]}",
-                                        f"kvReplayEndpoint: tcp://{h}:{replay}"]
-            for i, p in enumerate(self.ranks[r]):
-                p.start_replay(replay + i)
+        # A port found free can be taken before our bind (another socket's random
+        # or ephemeral port): with ports of our own choosing, choose again.
+        for attempt in range(5):
+            try:
+                endpoint_spec = self._publishers(hosts, generation, shape, count,
+                                                 endpoint_ranks, replay_port)
+                break
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EADDRINUSE or replay_port is not None or attempt == 4:
+                    raise
         self.pubs = {r: ps[0] for r, ps in self.ranks.items()}
         self.external = external or {}
         self.policy = self.workdir / "policy.yaml"
@@ -326,6 +319,37 @@ class KvStack:
         for ps in self.ranks.values():
             for p in ps:
                 self.warm_up(p)
+
+    def _publishers(self, hosts, generation, shape, count, endpoint_ranks, replay_port):
+        """Binds every replica's publishers (PUB and replay ROUTER, per rank) and
+        returns the endpoints' extra spec lines; on a failed bind closes what it
+        bound and raises."""
+        self.replay_port = replay_port or free_ports(max(count.values(), default=1),
+                                                     list(hosts.values()) or ["127.0.0.1"])
+        self.ranks = {}  # replica -> its publishers, by rank
+        endpoint_spec = {}
+        try:
+            for r, h in hosts.items():
+                if count[r] == 1:
+                    self.ranks[r] = [Publisher(h, generation, shape)]
+                    replay = self.replay_port
+                else:
+                    base = free_ports(count[r], [h])
+                    self.ranks[r] = [Publisher(h, generation, shape, port=base + i)
+                                     for i in range(count[r])]
+                    replay = self.replay_port
+                    if r in endpoint_ranks:  # the endpoint names its own replay socket
+                        replay = free_ports(count[r], [h])
+                        endpoint_spec[r] = [f"dataParallelSize: {count[r]}",
+                                            f"kvReplayEndpoint: tcp://{h}:{replay}"]
+                for i, p in enumerate(self.ranks[r]):
+                    p.start_replay(replay + i)
+        except zmq.ZMQError:
+            for ps in self.ranks.values():
+                for p in ps:
+                    p.close()
+            raise
+        return endpoint_spec
 
     def start_sidecar(self):
         self.proc = subprocess.Popen(
