@@ -194,25 +194,36 @@ class Sidecar:
                  policy=None):
         self.policy = workdir / "policy.yaml"
         self.policy.write_text(policy if policy is not None else policy_yaml(upstreams))
-        self.grpc_port = free_port()
-        self.ingest_port = free_port()
-        self.admin_port = free_port()
-        self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
-        # IngestEvents/ReportStats live on their own listener, behind a token.
-        self.ingest_addr = f"127.0.0.1:{self.ingest_port}"
         self.ingest_token = secrets.token_hex(16)
         tokens = workdir / "ingest-tokens"
         tokens.write_text(f"e2e:{self.ingest_token}\n")
-        self.admin = f"http://127.0.0.1:{self.admin_port}"
-        self.log = open(workdir / "sidecar.log", "w")
-        self.proc = subprocess.Popen(
-            [sidecar_binary(), "serve", "--config", str(self.policy),
-             "--grpc-addr", self.grpc_addr, "--admin-addr", f"127.0.0.1:{self.admin_port}",
-             "--ingest-addr", self.ingest_addr, "--ingest-token-file", str(tokens),
-             "--destination-mode", mode, "--policy-poll-ms", "100", "--drain-timeout", "5s",
-             *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(self._ready, what="sidecar /readyz")
+        # free_port() closes its socket before the sidecar binds, so another
+        # process can take the port in between: retry on fresh ports when a bind
+        # is refused (as Envoy below does).
+        for attempt in range(3):
+            self.grpc_port = free_port()
+            self.ingest_port = free_port()
+            self.admin_port = free_port()
+            self.grpc_addr = f"127.0.0.1:{self.grpc_port}"
+            # IngestEvents/ReportStats live on their own listener, behind a token.
+            self.ingest_addr = f"127.0.0.1:{self.ingest_port}"
+            self.admin = f"http://127.0.0.1:{self.admin_port}"
+            self.log = open(workdir / "sidecar.log", "w")
+            self.proc = subprocess.Popen(
+                [sidecar_binary(), "serve", "--config", str(self.policy),
+                 "--grpc-addr", self.grpc_addr, "--admin-addr", f"127.0.0.1:{self.admin_port}",
+                 "--ingest-addr", self.ingest_addr, "--ingest-token-file", str(tokens),
+                 "--destination-mode", mode, "--policy-poll-ms", "100", "--drain-timeout", "5s",
+                 *extra_args],
+                stdout=self.log, stderr=subprocess.STDOUT)
+            try:
+                wait_until(self._ready, what="sidecar /readyz")
+                return
+            except AssertionError:
+                self.stop()
+                log = (workdir / "sidecar.log").read_text(errors="replace")
+                if attempt == 2 or "ddress already in use" not in log:
+                    raise AssertionError(f"the sidecar did not start; its log:\n{log[-3000:]}")
 
     def _ready(self):
         if self.proc.poll() is not None:

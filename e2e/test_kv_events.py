@@ -309,12 +309,26 @@ class KvStack:
             scheme, self.upstreams, self.pubs, self.replay_port, self.external,
             policy_spec=policy_spec, endpoint_spec=endpoint_spec,
             backend_spec=f"dataParallelSize: {backend_ranks}" if backend_ranks else ""))
-        self.grpc_port, self.admin_port = free_port(), free_port()
-        self.ingest_port = free_port()
-        self.admin = f"http://127.0.0.1:{self.admin_port}"
-        self.log = open(self.workdir / "sidecar.log", "w")
         self.proc = None
-        self.start_sidecar()
+        # free_port() closes its socket before the sidecar binds, so another process
+        # can take the port in between: the first start retries on fresh ports (a
+        # restart keeps them: Envoy points at them).
+        for attempt in range(3):
+            self.grpc_port, self.admin_port = free_port(), free_port()
+            self.ingest_port = free_port()
+            self.admin = f"http://127.0.0.1:{self.admin_port}"
+            self.log = open(self.workdir / "sidecar.log", "w")
+            try:
+                self.start_sidecar()
+                break
+            except AssertionError:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
+                self.log.close()
+                log = (self.workdir / "sidecar.log").read_text(errors="replace")
+                if attempt == 2 or "ddress already in use" not in log:
+                    raise
         self.envoy = Envoy(self.workdir, "override-host.yaml", self, self.upstreams)
         for ps in self.ranks.values():
             for p in ps:
