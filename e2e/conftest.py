@@ -9,6 +9,7 @@ import http.server
 import json
 import os
 import pathlib
+import random
 import secrets
 import shutil
 import signal
@@ -26,7 +27,31 @@ TENANT, MODEL, SCHEME = "acme", "llama", "vllm"
 REPLICAS = ("replica-a", "replica-b", "replica-c")
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a connection's own (source) port."""
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+EPHEMERAL_LOW = _ephemeral_low()
+
+
 def free_port() -> int:
+    """A free loopback port for a listener a test starts later. Drawn below the
+    kernel's ephemeral range when there is room: a port the OS picks (bind to 0)
+    comes from that range, where every outgoing connection also takes its source
+    port, so on a busy host it was often taken again before the listener bound it."""
+    if EPHEMERAL_LOW > 12000:
+        for _ in range(100):
+            port = random.randrange(EPHEMERAL_LOW - 10000, EPHEMERAL_LOW)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -81,9 +81,26 @@ pub fn find_envoy(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// A loopback address with a free port (the OS picks it; racy only against
-/// other processes binding at the same instant).
+/// A loopback address with a free port for a listener started later. Drawn below
+/// the kernel's ephemeral range when there is room: a port the OS picks (bind to
+/// 0) comes from that range, where every outgoing connection also takes its source
+/// port, so on a busy host it could be taken again before the listener bound it.
 pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(0);
+    if low > 12_000 {
+        use std::hash::{BuildHasher, Hasher};
+        for _ in 0..100 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0);
+            let port = low - 10_000 + (h.finish() % 10_000) as u16;
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return Ok(l.local_addr()?);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
