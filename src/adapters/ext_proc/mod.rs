@@ -39,7 +39,6 @@ pub mod verdict;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
@@ -65,12 +64,12 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::adapters::drain::{Drain, StreamGuard};
 use crate::adapters::metrics::Metrics;
 use crate::core::Router;
-use crate::core::load::Inflight;
+use crate::core::load::{INFLIGHT_AGE_OUT, Inflight};
 use crate::core::time::Timestamp;
 use body::{BodyMiss, BodyRouter};
 use headers::RoutingHeaders;
 use held::{Collect, HeldRequest};
-pub use verdict::{DestinationMode, ExtProcConfig, Verdict};
+pub use verdict::{DestinationMode, ExtProcConfig, InflightRelease, Verdict};
 
 /// The dynamic metadata namespace and key Envoy's load balancers read the
 /// destination from (contract §7; fixed whatever the header is named).
@@ -423,8 +422,10 @@ impl ExtProc {
             .iter()
             .map(|(k, v)| set_header(k, v.as_str()))
             .collect();
-        // A counted request needs the response headers (the end of its
-        // prefill) to be released; otherwise skip that round trip.
+        // A request counted until its guard drops needs the response headers to
+        // be released; one its engine's event releases (or none) lets the reply
+        // skip that round trip on every response.
+        let inflight = inflight.filter(|i| !i.ends_with_prefill());
         let skip_response = may_skip_response && stream.echo.is_empty() && inflight.is_none();
         stream.inflight = inflight;
         if verdict.refusal.is_some() {
@@ -492,10 +493,6 @@ impl ExtProc {
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
-
-/// How long a routed request may count as in flight without its response headers
-/// arriving: a lost stream must never inflate a replica's load for good.
-pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
 
 /// Bodies of at least this many bytes (about 200 tokens, ~0.5 ms to tokenize
 /// cold) are routed on the blocking pool; smaller ones cost less than the hop.

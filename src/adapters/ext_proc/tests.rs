@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::headers::*;
 use super::*;
 use crate::core::index::{IndexConfig, IndexEvent, IngestBatch};
@@ -221,6 +223,144 @@ fn a_routed_request_is_in_flight_until_its_response_headers_or_stream_end() {
     assert_eq!(inflight_of(&svc, "r1"), 0, "released when the stream ends");
     drop(first);
     assert_eq!(inflight_of(&svc, "r1"), 0, "released once");
+}
+
+/// CHAIN plus two blocks nobody holds: r1 is picked with 32 uncached tokens.
+fn longer_chain_headers(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
+    let mut chain = CHAIN.to_vec();
+    chain.extend([0xb1, 0xb2]);
+    let mut h = chain_headers(extra);
+    for (k, v) in &mut h {
+        if *k == BLOCK_HASHES {
+            *v = format_chain(&chain);
+        } else if *k == BLOCK_TOKEN_COUNTS {
+            *v = vec!["16"; chain.len()].join(",");
+        }
+    }
+    h
+}
+
+/// r1's engine reports an empty queue now (as its metrics scrape does).
+fn report_r1_idle(svc: &ExtProc) {
+    let report = crate::core::index::StatsReport {
+        scope: ScopeRef::new("acme", "llama", "vllm"),
+        replica_id: "r1",
+        endpoint: "",
+        stats: crate::core::index::ReplicaStats::default(),
+    };
+    svc.router.report_stats(&report, Timestamp::now()).unwrap();
+}
+
+/// The request of [`longer_chain_headers`] on a new stream.
+fn routed_longer(
+    svc: &ExtProc,
+    extra: &[(&'static str, &'static str)],
+) -> (ProcessingResponse, StreamState) {
+    let pairs = longer_chain_headers(extra);
+    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut stream = StreamState::default();
+    let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
+    (reply, stream)
+}
+
+fn response_headers(svc: &ExtProc, stream: &mut StreamState) {
+    let resp = ProcessingRequest {
+        request: Some(Message::ResponseHeaders(HttpHeaders::default())),
+        ..ProcessingRequest::default()
+    };
+    svc.answer(resp, stream).unwrap();
+}
+
+#[test]
+fn with_live_engine_signals_a_request_ends_with_its_prefill_and_envoy_skips_the_response() {
+    let svc = mk_service(ExtProcConfig::default());
+    // r1's engine sent an event and a queue report just now; the request
+    // brings uncached blocks.
+    report_r1_idle(&svc);
+    let (reply, stream) = routed_longer(&svc, &[]);
+    assert_eq!(set_value(common(&reply), REPLICA).as_deref(), Some("r1"));
+    assert_eq!(
+        reply.mode_override.map(|m| m.response_header_mode),
+        Some(HeaderSendMode::Skip as i32),
+        "no response-headers round trip"
+    );
+    assert!(stream.inflight.is_none(), "the stream keeps no guard");
+    // Envoy ends the stream after the routing reply: the request still counts.
+    drop(stream);
+    assert_eq!(inflight_of(&svc, "r1"), 1);
+    // Its engine stores the prompt's last block: the prefill is over.
+    store_on_r1(&svc, &[0xb1]);
+    assert_eq!(inflight_of(&svc, "r1"), 1, "not its last block");
+    store_on_r1(&svc, &[0xb1, 0xb2]);
+    assert_eq!(inflight_of(&svc, "r1"), 0);
+}
+
+#[test]
+fn without_an_engine_queue_report_a_request_ends_at_its_response() {
+    // r1 sends events but its queue was never reported: the decode after the
+    // prefill would be invisible to the load rule, so the response ends it.
+    let svc = mk_service(ExtProcConfig::default());
+    let (reply, mut stream) = routed_longer(&svc, &[]);
+    assert!(
+        reply.mode_override.is_none(),
+        "Envoy must send the response headers"
+    );
+    store_on_r1(&svc, &[0xb1, 0xb2]);
+    assert_eq!(
+        inflight_of(&svc, "r1"),
+        1,
+        "its prefill ended, not the request"
+    );
+    response_headers(&svc, &mut stream);
+    assert_eq!(inflight_of(&svc, "r1"), 0);
+}
+
+#[test]
+fn inflight_release_response_headers_always_waits_for_the_response() {
+    let svc = mk_service(ExtProcConfig {
+        inflight_release: InflightRelease::ResponseHeaders,
+        ..ExtProcConfig::default()
+    });
+    report_r1_idle(&svc);
+    let (reply, mut stream) = routed_longer(&svc, &[]);
+    assert!(reply.mode_override.is_none());
+    store_on_r1(&svc, &[0xb1, 0xb2]);
+    assert_eq!(inflight_of(&svc, "r1"), 1);
+    response_headers(&svc, &mut stream);
+    assert_eq!(inflight_of(&svc, "r1"), 0);
+}
+
+#[test]
+fn a_debugging_request_still_gets_its_echo_and_ends_with_its_prefill() {
+    let svc = mk_service(ExtProcConfig::default());
+    report_r1_idle(&svc);
+    let (reply, mut stream) = routed_longer(&svc, &[(DEBUG, "1")]);
+    assert!(
+        reply.mode_override.is_none(),
+        "the echo needs the response headers"
+    );
+    assert!(!stream.echo.is_empty());
+    response_headers(&svc, &mut stream);
+    drop(stream);
+    // One signal for every request: the end of its prefill, not its response.
+    assert_eq!(inflight_of(&svc, "r1"), 1);
+    store_on_r1(&svc, &[0xb1, 0xb2]);
+    assert_eq!(inflight_of(&svc, "r1"), 0);
+}
+
+fn store_on_r1(svc: &ExtProc, hashes: &[u64]) {
+    let events = [IndexEvent::Stored {
+        parent: Some(0xa6),
+        hashes: hashes.to_vec(),
+        token_counts: vec![],
+    }];
+    let batch = IngestBatch {
+        scope: ScopeRef::new("acme", "llama", "vllm"),
+        replica_id: "r1",
+        endpoint: "",
+        events: &events,
+    };
+    svc.router.ingest(&batch, Timestamp::now()).unwrap();
 }
 
 #[tokio::test(start_paused = true)]

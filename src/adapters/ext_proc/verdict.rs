@@ -68,6 +68,25 @@ pub struct ExtProcConfig {
     pub debug_headers_allowed: bool,
     /// The routing header's name (lowercase).
     pub destination_header: String,
+    /// When a routed request stops counting against its replica (the load
+    /// rule's in-flight signal).
+    pub inflight_release: InflightRelease,
+}
+
+/// When the load rule's in-flight count of a routed request ends (`serve
+/// --inflight-release`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum InflightRelease {
+    /// When the replica's engine stores the request's last block (the end of
+    /// its prefill), if that engine's events and queue report are both live and
+    /// the request brings uncached blocks: Envoy skips the response headers,
+    /// and the request, decoding on, is in the engine's next report. Otherwise
+    /// as `response-headers`.
+    #[default]
+    PrefillEnd,
+    /// Always at the response headers (or the stream's end): Envoy sends them
+    /// to the sidecar, one more round trip on every response.
+    ResponseHeaders,
 }
 
 impl Default for ExtProcConfig {
@@ -76,6 +95,7 @@ impl Default for ExtProcConfig {
             destination_mode: DestinationMode::OverrideHost,
             debug_headers_allowed: true,
             destination_header: headers::DEFAULT_DESTINATION_HEADER.to_string(),
+            inflight_release: InflightRelease::default(),
         }
     }
 }
@@ -106,8 +126,10 @@ impl Verdict {
     }
 
     /// [`Verdict::decide`] for a request that really goes where the verdict says:
-    /// also counts it against the picked replica until the returned guard drops
-    /// (the load rule's in-flight signal; see `crate::core::load`).
+    /// also counts it against the picked replica (the load rule's in-flight
+    /// signal; see `crate::core::load`): until the returned guard drops, or, with
+    /// [`InflightRelease::PrefillEnd`] and [`Inflight::ends_with_prefill`], until
+    /// its engine's event stores the request's last block.
     pub fn decide_and_admit(
         router: &Router,
         metrics: &Metrics,
@@ -191,7 +213,12 @@ impl Verdict {
                         upstream.push((SPILLED_FROM, from.to_string()));
                         metrics.record_spill(decision.reason);
                     }
-                    inflight = router.admit(&decision, &req, now);
+                    inflight = match config.inflight_release {
+                        InflightRelease::ResponseHeaders => router.admit(&decision, &req, now),
+                        InflightRelease::PrefillEnd => {
+                            router.admit_until_prefill_end(&decision, &req, now)
+                        }
+                    };
                 }
                 if debugging {
                     revision = Some(decision.policy_revision.to_string());

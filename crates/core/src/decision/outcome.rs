@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::index::ReplicaTable;
 use crate::load::Inflight;
+use crate::time::Timestamp;
 
 /// How the pick was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -167,13 +168,19 @@ impl Decision {
     /// prefill work, so only the rest counts. `None` without a pick, or when the
     /// policy's loadAwareness is Disabled (nothing would read the count).
     pub fn admit(&self, requested_tokens: u64) -> Option<Inflight> {
+        self.admit_at(requested_tokens, Timestamp(0))
+    }
+
+    /// [`Self::admit`] at `now`, the age a prefill ticket carrying the request
+    /// is measured from (`Router::admit`).
+    pub(crate) fn admit_at(&self, requested_tokens: u64, now: Timestamp) -> Option<Inflight> {
         if !self.load_aware {
             return None;
         }
         let row = self.rows.first()?;
         let replica = self.replicas.as_deref()?.get(row.slot)?;
         let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
-        Some(Inflight::begin(replica.live.clone(), uncached))
+        Some(Inflight::begin(replica.live.clone(), uncached, now))
     }
 
     /// The picked replica's slot in its scope's table.

@@ -5,7 +5,10 @@
 //! This is what makes the load rule's prefill backlog (`inflightTokens`) follow
 //! the engine: a non-streamed completion's response headers come only after its
 //! whole decode, hundreds of milliseconds after its prefill stopped costing
-//! anyone anything. Nothing here is an entry: quota, `/snapshot` counts, CRD
+//! anyone anything. A ticket may also carry its request's count
+//! (`Inflight::ends_with_prefill`): then this is the only place that lets the
+//! request go, so clearing a replica releases its tickets, and maintenance
+//! releases those older than `INFLIGHT_AGE_OUT`. Nothing here is an entry: quota, `/snapshot` counts, CRD
 //! status and LFU never see it.
 
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::load::Prefill;
+use crate::time::Timestamp;
 
 /// Prefills tracked per scope at most; past it a request's backlog is let go with
 /// its response instead (the signal is coarser, never unbounded memory).
@@ -33,10 +37,11 @@ pub(crate) struct Prefills {
 
 impl Prefills {
     /// Lets `prefill` go when `slot`'s engine stores `last` (the routed chain's
-    /// last block).
-    pub fn track(&self, slot: u32, last: u64, prefill: &Arc<Prefill>) {
+    /// last block). `false` when it is not tracked (full): the request lets its
+    /// backlog go when it ends instead.
+    pub fn track(&self, slot: u32, last: u64, prefill: &Arc<Prefill>) -> bool {
         if !prefill.is_open() {
-            return;
+            return false;
         }
         let mut waiting = self.waiting.lock();
         if waiting.len() >= MAX_PREFILLS {
@@ -46,7 +51,7 @@ impl Prefills {
             });
             if waiting.len() >= MAX_PREFILLS {
                 self.len.store(waiting.len(), Ordering::Relaxed);
-                return;
+                return false;
             }
         }
         waiting
@@ -54,6 +59,7 @@ impl Prefills {
             .or_default()
             .push(prefill.clone());
         self.len.store(waiting.len(), Ordering::Relaxed);
+        true
     }
 
     /// `slot`'s engine stored `hashes`: the prefills ending in one of them are done.
@@ -70,24 +76,38 @@ impl Prefills {
         self.len.store(waiting.len(), Ordering::Relaxed);
     }
 
-    /// AllBlocksCleared or removal of `slot`: stop waiting on its blocks (the
-    /// requests still let their backlog go when they end).
+    /// AllBlocksCleared or removal of `slot`: stop waiting on its blocks. A
+    /// ticket carrying its request's count is let go now (its last block will
+    /// never be reported); the others still let their backlog go when their
+    /// requests end.
     pub fn forget_slot(&self, slot: u32) {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut waiting = self.waiting.lock();
-        waiting.retain(|&(s, _), _| s != slot);
+        waiting.retain(|&(s, _), ps| {
+            if s == slot {
+                ps.iter()
+                    .filter(|p| p.carries_request())
+                    .for_each(|p| p.release());
+            }
+            s != slot
+        });
         self.len.store(waiting.len(), Ordering::Relaxed);
     }
 
-    /// Drops prefills their requests already let go (maintenance).
-    pub fn purge(&self) {
+    /// Maintenance: lets go the tickets whose event has not come within
+    /// `INFLIGHT_AGE_OUT` while they carry their request's count, and drops the
+    /// tickets already let go.
+    pub fn purge(&self, now: Timestamp) {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut waiting = self.waiting.lock();
         waiting.retain(|_, ps| {
+            ps.iter()
+                .filter(|p| p.is_overdue(now))
+                .for_each(|p| p.release());
             ps.retain(|p| p.is_open());
             !ps.is_empty()
         });

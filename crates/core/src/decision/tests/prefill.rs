@@ -174,3 +174,195 @@ fn a_query_or_a_fully_cached_prompt_waits_for_nothing() {
     assert_eq!(scope().prefills.len(), 0);
     drop(held);
 }
+
+/// Routes as ext_proc does when Envoy may skip the response headers: the count
+/// rides with the prefill ticket when the replica's event feed is live.
+fn route_until_prefill_end(
+    router: &Router,
+    replica: &str,
+    chain: &[u64],
+    tokens: u32,
+    now: Timestamp,
+) -> Inflight {
+    let r = Req {
+        counts: vec![tokens; chain.len()],
+        ..req(chain).candidates(&[replica])
+    };
+    let d = router.lookup(&r.as_lookup(), now);
+    assert_eq!(picked(&d).as_deref(), Some(replica));
+    router
+        .admit_until_prefill_end(&d, &r.as_lookup(), now)
+        .expect("a pick to admit")
+}
+
+/// `replica`'s engine reports an empty queue (ReportStats, as a scrape does).
+fn report_idle(router: &Router, replica: &str, now: Timestamp) {
+    let report = crate::index::StatsReport {
+        scope: acme(),
+        replica_id: replica,
+        endpoint: &endpoint_of(replica),
+        stats: crate::index::ReplicaStats::default(),
+    };
+    router.report_stats(&report, now).expect("stats");
+}
+
+/// [`fleet`] whose engines all reported an empty queue at t0.
+fn reported_fleet() -> Router {
+    let (router, _) = fleet(ResolvedPolicy::default());
+    for id in FLEET {
+        report_idle(&router, id, t0());
+    }
+    router
+}
+
+#[test]
+fn with_a_live_event_feed_the_request_ends_with_its_prefill() {
+    let router = reported_fleet();
+    // r1 stored and reported at t0: both engine signals are live. The guard no
+    // longer holds the count.
+    let guard = route_until_prefill_end(&router, "r1", &[899, 900], 50, t0());
+    assert!(guard.ends_with_prefill());
+    drop(guard);
+    assert_eq!(
+        backlog(&router, "r1"),
+        (1, 100),
+        "the response does not end it"
+    );
+    // Neither does another replica's event, nor a block that is not its last.
+    store(&router, "r2", &[899, 900]);
+    store(&router, "r1", &[899]);
+    assert_eq!(backlog(&router, "r1"), (1, 100));
+    // The engine stores its last block: the request and its tokens go, once.
+    store(&router, "r1", &[899, 900]);
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    store(&router, "r1", &[899, 900]);
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+}
+
+#[test]
+fn without_live_engine_signals_the_guard_keeps_the_count() {
+    let router = reported_fleet();
+    // r1's last event is older than EVENT_FEED_LIVE: its prefill end may never
+    // be seen, so the response (the guard) ends the request.
+    let later = t0().plus(crate::load::EVENT_FEED_LIVE + Duration::from_secs(1));
+    report_idle(&router, "r1", later);
+    let guard = route_until_prefill_end(&router, "r1", &[900], 100, later);
+    assert!(!guard.ends_with_prefill());
+    assert_eq!(backlog(&router, "r1"), (1, 100));
+    drop(guard);
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    // No queue report (or one older than statsMaxAge): the decode after the
+    // prefill would be invisible, so the response ends the request.
+    let (unreported, _) = fleet(ResolvedPolicy::default());
+    let guard = route_until_prefill_end(&unreported, "r1", &[900], 100, t0());
+    assert!(!guard.ends_with_prefill());
+    report_idle(&router, "r1", t0());
+    let stale = t0().plus(Duration::from_secs(6));
+    store_at(&router, acme(), "r1", &[1], stale);
+    let guard = route_until_prefill_end(&router, "r1", &[901], 100, stale);
+    assert!(!guard.ends_with_prefill());
+    drop(guard);
+}
+
+#[test]
+fn a_fully_cached_request_has_no_prefill_to_wait_for() {
+    let router = reported_fleet();
+    let (_, r) = fleet(ResolvedPolicy::default());
+    // Every block cached: out of our count at once, but in "sent since the
+    // report" until the engine's next one. Three make r1 overloaded among four
+    // (over 1.25 × 0.75 + 2).
+    let cached = req(&[1, 2, 3, 4, 5, 6]).candidates(&["r1", "r3"]);
+    for _ in 0..3 {
+        let d = lookup(&router, &cached);
+        assert_eq!(picked(&d).as_deref(), Some("r1"));
+        let held = router
+            .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
+            .expect("a pick");
+        assert!(held.ends_with_prefill());
+        drop(held);
+    }
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
+    report_idle(&router, "r1", t0());
+    assert_eq!(lookup(&router, &r).spilled_from(), None);
+    // Without a fresh report it counts until its guard drops, as before.
+    let (unreported, _) = fleet(ResolvedPolicy::default());
+    let d = lookup(&unreported, &cached);
+    let held = unreported
+        .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
+        .expect("a pick");
+    assert!(!held.ends_with_prefill());
+    assert_eq!(backlog(&unreported, "r1"), (1, 0));
+    drop(held);
+    assert_eq!(backlog(&unreported, "r1"), (0, 0));
+}
+
+#[test]
+fn a_carried_request_is_let_go_by_clearing_its_replica_or_after_the_age_out() {
+    let router = reported_fleet();
+    let scope = || router.index().scope(acme()).expect("scope");
+    drop(route_until_prefill_end(&router, "r1", &[900], 300, t0()));
+    drop(route_until_prefill_end(&router, "r2", &[901], 200, t0()));
+    assert_eq!(scope().prefills.len(), 2);
+    // AllBlocksCleared: r1 will never report the block, so its request goes now.
+    ingest(
+        &router,
+        acme(),
+        "r1",
+        &endpoint_of("r1"),
+        &[IndexEvent::Cleared],
+        t0(),
+    );
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    assert_eq!(backlog(&router, "r2"), (1, 200));
+    // Maintenance before the age-out keeps waiting; after it, lets go.
+    router.maintain(at(crate::load::INFLIGHT_AGE_OUT.as_secs() - 1));
+    assert_eq!(backlog(&router, "r2"), (1, 200));
+    router.maintain(at(crate::load::INFLIGHT_AGE_OUT.as_secs()));
+    assert_eq!(backlog(&router, "r2"), (0, 0));
+    assert_eq!(scope().prefills.len(), 0);
+}
+
+#[test]
+fn a_ticket_that_cannot_be_tracked_gives_the_count_back_to_the_guard() {
+    let router = reported_fleet();
+    let scope = router.index().scope(acme()).expect("scope");
+    // Fill the scope's prefill table with open tickets of other requests.
+    let guards: Vec<Inflight> = (0..crate::index::MAX_PREFILLS as u64)
+        .map(|i| route(&router, "r4", &[10_000 + i], 16))
+        .collect();
+    assert_eq!(scope.prefills.len(), crate::index::MAX_PREFILLS);
+    let guard = route_until_prefill_end(&router, "r1", &[900], 100, t0());
+    assert!(
+        !guard.ends_with_prefill(),
+        "untracked: no event would end it"
+    );
+    drop(guard);
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    drop(guards);
+}
+
+#[test]
+fn a_request_past_its_prefill_still_loads_its_replica_until_the_next_report() {
+    let router = reported_fleet();
+    let (_, r) = fleet(ResolvedPolicy::default());
+    // Six requests to r1 end their prefills: none is in flight by our count,
+    // but each is still decoding there, so "sent since the report" keeps them
+    // until the engine's next report: r1 (6) is over 1.25 × mean (1.5) + 2.
+    for i in 0..6 {
+        drop(route_until_prefill_end(&router, "r1", &[900 + i], 16, t0()));
+        store(&router, "r1", &[900 + i]);
+    }
+    assert_eq!(backlog(&router, "r1"), (0, 0));
+    let d = lookup(&router, &r);
+    assert_eq!(
+        d.spilled_from(),
+        Some("r1"),
+        "decoding requests still load r1"
+    );
+    // The engine's report now says what runs there (here: nothing any more).
+    report_idle(&router, "r1", t0());
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some("r1"));
+    assert_eq!(d.spilled_from(), None);
+}
