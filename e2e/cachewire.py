@@ -82,3 +82,16 @@ def ingest(ingest_addr: str, tenant: str, model: str, scheme: str, replica: str,
         raw = call(req, timeout=5, metadata=metadata)
     fields = _decode_varints(raw)
     return {"applied": fields.get(1, 0), "rejected": fields.get(2, 0)}
+
+
+def report_stats(ingest_addr: str, tenant: str, model: str, scheme: str, replica: str,
+                 waiting: int = 0, running: int = 0, token: str | None = None) -> None:
+    """Sends one ReportStats call: the replica's engine queue (waiting + running),
+    as a metrics scrape would read it. Raises grpc.RpcError when refused."""
+    stats = _field(3, 0, _varint(waiting)) + _field(4, 0, _varint(running))
+    req = (_string(1, tenant) + _string(2, model) + _string(3, scheme)
+           + _string(4, replica) + _bytes_field(6, stats))
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(ingest_addr) as channel:
+        call = channel.unary_unary("/inferencecache.v1.CacheService/ReportStats")
+        call(req, timeout=5, metadata=metadata)

@@ -1,11 +1,13 @@
 """The load rule through a real Envoy (issue 10): an overloaded holder spills with
-x-inferencecache-spilled-from, and in-flight counts are released after responses."""
+x-inferencecache-spilled-from, and in-flight counts are released after responses,
+or at the end of the prefill when the engine's events and queue report are live."""
 
 import concurrent.futures
 
 import requests
 
-from conftest import wait_until
+import cachewire
+from conftest import MODEL, SCHEME, TENANT, wait_until
 from test_routing import chain, chain_headers, hold
 
 
@@ -103,3 +105,60 @@ def test_a_prefill_backlog_spills_and_goes_when_the_engine_stores_its_last_block
         assert held.result().status_code == 200
     wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 0, timeout=5,
                what="the long prompt's request released")
+
+
+def _open_streams(stack):
+    text = requests.get(f"{stack.sidecar.admin}/metrics", timeout=2).text
+    line = next(l for l in text.splitlines() if l.startswith("inferencecache_ext_proc_streams "))
+    return float(line.split()[1])
+
+
+def test_with_live_engine_signals_a_request_ends_with_its_prefill(override_host_stack):
+    """serve --inflight-release prefill-end (the default): once replica-b's engine
+    sends events and a queue report, a request there leaves the in-flight count
+    when the engine stores its last block, and Envoy skips the response headers,
+    so the ext_proc stream ends with the routing reply."""
+    s = override_host_stack
+    prefix = chain()
+    hold(s, "replica-b", prefix)
+
+    def routed_with_a_new_tail():
+        full = prefix + chain(1)
+        headers = dict(chain_headers(full, debug=False), **{"x-test-hold-ms": "3000"})
+        return full, headers
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        # No queue report yet: the decode after the prefill would be invisible,
+        # so the request counts until its response headers (the stream stays open).
+        full, headers = routed_with_a_new_tail()
+        held = pool.submit(s.envoy.get, headers)
+        wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 1, timeout=5,
+                   what="the request counted on replica-b")
+        hold(s, "replica-b", full)
+        wait_until(lambda: _replica(s, "replica-b")["inflightTokens"] == 0, timeout=5,
+                   what="its prefill backlog let go")
+        assert _replica(s, "replica-b")["inflightRequests"] == 1
+        assert _open_streams(s) == 1, "the stream waits for the response headers"
+        assert held.result().text == "replica-b"
+        wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 0, timeout=5,
+                   what="released on the response headers")
+
+        # The engine's queue is reported (as its /metrics scrape would be).
+        cachewire.report_stats(s.sidecar.ingest_addr, TENANT, MODEL, SCHEME, "replica-b",
+                               token=s.sidecar.ingest_token)
+        full, headers = routed_with_a_new_tail()
+        held = pool.submit(s.envoy.get, headers)
+        wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 1, timeout=5,
+                   what="the request counted on replica-b")
+        # Envoy was told to skip the response headers: the stream is already over.
+        # (Within 1 s: the response is held for 3 s.)
+        wait_until(lambda: _open_streams(s) == 0, timeout=1, what="the ext_proc stream ended")
+        hold(s, "replica-b", full)
+        wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 0, timeout=5,
+                   what="released when the engine stored the last block")
+        assert not held.done(), "released before the response, by the engine's event"
+        r = held.result()
+    assert r.status_code == 200
+    assert r.text == "replica-b"
+    assert r.headers["x-upstream-saw-reason"] == "PREFIX_MATCH"
+    assert r.headers["x-upstream-saw-spilled-from"] == ""
