@@ -167,14 +167,12 @@ impl Inflight {
     /// The request has no prefill to wait for (every block cached): it leaves
     /// this sidecar's in-flight count now and stays in "sent since the last
     /// report" until the engine's next report, as a request past its prefill
-    /// does. `false` (nothing done) when it has a prefill ticket.
-    pub(crate) fn end_prefill_now(&mut self) -> bool {
-        if self.prefill.is_some() || self.handed_over {
-            return false;
+    /// does. Nothing happens when it has a prefill ticket.
+    pub(crate) fn end_prefill_now(&mut self) {
+        if self.prefill.is_none() && !self.handed_over {
+            saturating_sub(&self.live.inflight, 1);
+            self.handed_over = true;
         }
-        saturating_sub(&self.live.inflight, 1);
-        self.handed_over = true;
-        true
     }
 
     /// Takes the count back from an untracked ticket (still not shared).
