@@ -157,6 +157,8 @@ def test_with_live_engine_signals_a_request_ends_with_its_prefill(override_host_
         wait_until(lambda: _replica(s, "replica-b")["inflightRequests"] == 0, timeout=5,
                    what="released when the engine stored the last block")
         assert not held.done(), "released before the response, by the engine's event"
+        metrics = requests.get(f"{s.sidecar.admin}/metrics", timeout=2).text
+        assert 'inferencecache_inflight_prefill_ends_total{cause="event"} 1' in metrics
         r = held.result()
     assert r.status_code == 200
     assert r.text == "replica-b"

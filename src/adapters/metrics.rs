@@ -406,7 +406,7 @@ impl std::fmt::Debug for IndexCollector {
 impl Collector for IndexCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let c = self.router.index().counters();
-        let counters: [CounterFamily<'_>; 4] = [
+        let counters: [CounterFamily<'_>; 5] = [
             (
                 "index_evictions",
                 "Index entries evicted, by cause (ttl, cap, quota, cleared)",
@@ -431,6 +431,14 @@ impl Collector for IndexCollector {
                 "index_rejected_events",
                 "Malformed events the index counted and ignored",
                 &[("malformed", c.rejected_events)],
+            ),
+            (
+                "inflight_prefill_ends",
+                "Routed requests whose in-flight count waited for their engine to store their last block (serve --inflight-release prefill-end), by how it ended: event, or aged_out (no such event within 60 s; a steady rate means the engine's events do not match the routed chains)",
+                &[
+                    ("event", c.inflight_ended_by_event),
+                    ("aged_out", c.inflight_aged_out),
+                ],
             ),
         ];
         for (name, help, value) in [

@@ -72,8 +72,8 @@ pub(crate) struct Prefill {
 
 impl Prefill {
     /// Takes the tokens off the replica's backlog, and the request's count if
-    /// this ticket carries it; later calls do nothing.
-    pub fn release(&self) {
+    /// this ticket carries it (then `true`); later calls do nothing.
+    pub fn release(&self) -> bool {
         let n = self.tokens.swap(0, Ordering::Relaxed);
         if n > 0 {
             saturating_sub(&self.live.inflight_tokens, n);
@@ -81,9 +81,11 @@ impl Prefill {
         // The request's prefill is over, not the request: it decodes on, so it
         // stays in "sent since the last report" until the engine's next report,
         // which counts it while it runs (see `ReplicaLive::current_load`).
-        if self.request.swap(false, Ordering::Relaxed) {
+        let carried = self.request.swap(false, Ordering::Relaxed);
+        if carried {
             saturating_sub(&self.live.inflight, 1);
         }
+        carried
     }
 
     /// Still counted (not yet released).

@@ -62,7 +62,8 @@ impl Index {
                 IndexEvent::Stored { parent, hashes, .. } => {
                     Counters::add(&self.counters.stored_blocks, hashes.len() as u64);
                     scope.pending.confirm(slot, hashes);
-                    scope.prefills.stored(slot, hashes);
+                    let ended = scope.prefills.stored(slot, hashes);
+                    Counters::add(&self.counters.inflight_ended_by_event, ended);
                     self.store_blocks(&target, &mut writer, *parent, hashes);
                 }
                 IndexEvent::Removed { hashes } => {

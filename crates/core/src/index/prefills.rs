@@ -62,18 +62,21 @@ impl Prefills {
         true
     }
 
-    /// `slot`'s engine stored `hashes`: the prefills ending in one of them are done.
-    pub fn stored(&self, slot: u32, hashes: &[u64]) {
+    /// `slot`'s engine stored `hashes`: the prefills ending in one of them are
+    /// done. Returns the requests let go with them (their tickets carried them).
+    pub fn stored(&self, slot: u32, hashes: &[u64]) -> u64 {
         if self.len.load(Ordering::Relaxed) == 0 {
-            return;
+            return 0;
         }
         let mut waiting = self.waiting.lock();
+        let mut requests = 0;
         for &h in hashes {
             if let Some(ps) = waiting.remove(&(slot, h)) {
-                ps.iter().for_each(|p| p.release());
+                requests += ps.iter().filter(|p| p.release()).count() as u64;
             }
         }
         self.len.store(waiting.len(), Ordering::Relaxed);
+        requests
     }
 
     /// AllBlocksCleared or removal of `slot`: stop waiting on its blocks. A
@@ -87,9 +90,9 @@ impl Prefills {
         let mut waiting = self.waiting.lock();
         waiting.retain(|&(s, _), ps| {
             if s == slot {
-                ps.iter()
-                    .filter(|p| p.carries_request())
-                    .for_each(|p| p.release());
+                ps.iter().filter(|p| p.carries_request()).for_each(|p| {
+                    p.release();
+                });
             }
             s != slot
         });
@@ -98,20 +101,23 @@ impl Prefills {
 
     /// Maintenance: lets go the tickets whose event has not come within
     /// `INFLIGHT_AGE_OUT` while they carry their request's count, and drops the
-    /// tickets already let go.
-    pub fn purge(&self, now: Timestamp) {
+    /// tickets already let go. Returns the requests aged out.
+    pub fn purge(&self, now: Timestamp) -> u64 {
         if self.len.load(Ordering::Relaxed) == 0 {
-            return;
+            return 0;
         }
         let mut waiting = self.waiting.lock();
+        let mut aged_out = 0;
         waiting.retain(|_, ps| {
-            ps.iter()
-                .filter(|p| p.is_overdue(now))
-                .for_each(|p| p.release());
+            aged_out += ps
+                .iter()
+                .filter(|p| p.is_overdue(now) && p.release())
+                .count() as u64;
             ps.retain(|p| p.is_open());
             !ps.is_empty()
         });
         self.len.store(waiting.len(), Ordering::Relaxed);
+        aged_out
     }
 
     /// Prefills waiting (including released ones not yet purged).

@@ -23,7 +23,8 @@ impl Index {
                 // tenant's ingest interleaves with a long sweep.
                 let mut writer = tenant.writer.lock();
                 scope.pending.purge(now);
-                scope.prefills.purge(Timestamp(now));
+                let aged_out = scope.prefills.purge(Timestamp(now));
+                Counters::add(&self.counters.inflight_aged_out, aged_out);
                 let evicted = scope.sweep_expired(now, limits.ttl_nanos);
                 Counters::add(&self.counters.evicted_ttl, evicted);
                 self.sub_entries(&tenant, evicted);

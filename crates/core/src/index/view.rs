@@ -54,6 +54,8 @@ pub(crate) struct Counters {
     pub refused_quota: AtomicU64,
     pub dropped_cleared: AtomicU64,
     pub rejected_events: AtomicU64,
+    pub inflight_ended_by_event: AtomicU64,
+    pub inflight_aged_out: AtomicU64,
 }
 
 impl Counters {
@@ -74,6 +76,8 @@ impl Counters {
             refused_quota: get(&self.refused_quota),
             dropped_cleared: get(&self.dropped_cleared),
             rejected_events: get(&self.rejected_events),
+            inflight_ended_by_event: get(&self.inflight_ended_by_event),
+            inflight_aged_out: get(&self.inflight_aged_out),
         }
     }
 }
@@ -97,6 +101,11 @@ pub struct CountersView {
     pub dropped_cleared: u64,
     /// Malformed events counted and ignored.
     pub rejected_events: u64,
+    /// Routed requests whose in-flight count their engine's event ended (it
+    /// stored the request's last block: `Router::admit_until_prefill_end`).
+    pub inflight_ended_by_event: u64,
+    /// Such requests whose event never came within `INFLIGHT_AGE_OUT`.
+    pub inflight_aged_out: u64,
 }
 
 impl super::Index {

@@ -237,6 +237,8 @@ fn with_a_live_event_feed_the_request_ends_with_its_prefill() {
     assert_eq!(backlog(&router, "r1"), (0, 0));
     store(&router, "r1", &[899, 900]);
     assert_eq!(backlog(&router, "r1"), (0, 0));
+    let c = router.index().counters();
+    assert_eq!((c.inflight_ended_by_event, c.inflight_aged_out), (1, 0));
 }
 
 #[test]
@@ -320,6 +322,8 @@ fn a_carried_request_is_let_go_by_clearing_its_replica_or_after_the_age_out() {
     assert_eq!(backlog(&router, "r2"), (1, 200));
     router.maintain(at(crate::load::INFLIGHT_AGE_OUT.as_secs()));
     assert_eq!(backlog(&router, "r2"), (0, 0));
+    let c = router.index().counters();
+    assert_eq!((c.inflight_ended_by_event, c.inflight_aged_out), (0, 1));
     assert_eq!(scope().prefills.len(), 0);
 }
 
