@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// driver splits client traffic round-robin across the Envoys.
     #[arg(long, default_value_t = 1)]
     pub sidecars: usize,
+    /// Clients ask for streamed completions: each response's headers come with
+    /// its first token (the end of its prefill), its body when it is done. Off:
+    /// the headers come with the whole completion, after its decode.
+    #[arg(long)]
+    pub stream: bool,
     /// A real engine instead of simulated ones: ID=http://HOST:PORT,tcp://HOST:EVENTS_PORT
     /// (repeat per engine). The oracle and peak queues need simulated engines.
     #[arg(long = "engine", value_name = "SPEC")]
@@ -333,16 +338,22 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         };
         let schedule = workload.generate(args.seed, &fleet, args.load);
         let describe = format!(
-            "{}; {:.1} req/s ({} × the fleet's no-cache capacity)",
+            "{}; {:.1} req/s ({} × the fleet's no-cache capacity){}",
             workload.describe(),
             schedule.rate,
-            args.load
+            args.load,
+            if args.stream {
+                "; streamed responses"
+            } else {
+                ""
+            }
         );
         let prepared = Arc::new(drive::prepare(
             schedule.requests,
             BLOCK_SIZE,
             args.clients,
             text.as_ref(),
+            args.stream,
         )?);
         let mut runs = Vec::new();
         for &router in &routers {

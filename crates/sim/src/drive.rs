@@ -59,12 +59,14 @@ pub struct Prepared {
 
 /// Computes each request's chain and body. With `text`, prompts go out as text
 /// (each synthetic id one word of the model's vocabulary) and the chain is
-/// computed from the text's real token ids.
+/// computed from the text's real token ids. With `stream`, each body asks for a
+/// streamed completion (its response headers come with the first token).
 pub fn prepare(
     schedule: Vec<Request>,
     block_size: u32,
     clients: Clients,
     text: Option<&TextRendering>,
+    stream: bool,
 ) -> anyhow::Result<Vec<Prepared>> {
     if clients == Clients::Openai && text.is_none() {
         bail!("--clients openai sends text prompts: give --tokenizer DIR");
@@ -80,11 +82,14 @@ pub fn prepare(
                 }
                 None => json!(request.prompt),
             };
-            let body = json!({
+            let mut body = json!({
                 "model": MODEL,
                 "prompt": prompt,
                 "max_tokens": request.max_tokens,
             });
+            if stream {
+                body["stream"] = Value::Bool(true);
+            }
             // The debug header only asks the sidecar to explain its decision (the
             // reason column); it carries nothing the decision reads.
             let mut headers = vec![(headers::DEBUG, "1".to_string())];

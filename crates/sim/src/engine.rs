@@ -47,7 +47,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -467,6 +467,8 @@ struct CompletionBody {
     prompt: Option<Value>,
     #[serde(default)]
     max_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
 }
 
 /// A validated completion request.
@@ -475,6 +477,10 @@ struct Completion {
     model: String,
     prompt: Vec<u32>,
     max_tokens: u32,
+    /// `"stream": true`: the response headers go out with the first token, as a
+    /// streamed completion's do; the body (one JSON document, not server-sent
+    /// events: only the headers' timing is modelled) when the request is done.
+    stream: bool,
 }
 
 fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
@@ -484,6 +490,7 @@ fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
         model: b.model.unwrap_or_default(),
         prompt: prompt_tokens(b.prompt)?,
         max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        stream: b.stream.unwrap_or(false),
     })
 }
 
@@ -508,6 +515,7 @@ fn parse_with_tokenizer(
         model: req.model,
         prompt,
         max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        stream: b.stream.unwrap_or(false),
     })
 }
 
@@ -584,10 +592,17 @@ struct Served {
 }
 
 impl Engine {
-    /// Queue, admit, prefill, publish, decode.
-    async fn serve(&self, req: &Completion) -> Result<Served, RequestError> {
+    /// Queue, admit, prefill, publish, decode. `first` is told when the first
+    /// token is out (the end of the prefill).
+    async fn serve(
+        &self,
+        req: &Completion,
+        first: Option<oneshot::Sender<()>>,
+    ) -> Result<Served, RequestError> {
         if let Some(b) = &self.batcher {
-            return self.serve_batched(b, &req.prompt, req.max_tokens).await;
+            return self
+                .serve_batched(b, &req.prompt, req.max_tokens, first)
+                .await;
         }
         let arrived = Instant::now();
         let c = &self.counters;
@@ -622,6 +637,9 @@ impl Engine {
         let decode = cost(self.config.decode_us_per_token, req.max_tokens as usize);
         sleep_until(started, prefill).await;
         ticket.publish(admission_events(admission.removed, admission.stored));
+        if let Some(first) = first {
+            let _ = first.send(());
+        }
         sleep_until(started, prefill.saturating_add(decode)).await;
         c.running.fetch_sub(1, Ordering::Relaxed);
         c.used_blocks.fetch_sub(blocks, Ordering::Relaxed);
@@ -713,15 +731,20 @@ async fn serve_parsed(engine: Arc<Engine>, parsed: Result<Completion, RequestErr
             // A task of its own, so a client that goes away cannot cancel a request
             // whose cache change has happened but whose events are not yet out.
             let e = engine.clone();
+            let stream = req.stream;
+            let (first_tx, first_rx) = oneshot::channel();
             let served = tokio::spawn(async move {
-                let s = e.serve(&req).await;
+                let s = e.serve(&req, stream.then_some(first_tx)).await;
                 s.map(|s| e.completion_json(&req, &s))
-            })
-            .await;
-            match served {
-                Ok(Ok(body)) => Json(body).into_response(),
-                Ok(Err(e)) => e.into_response(),
-                Err(_) => RequestError::Unavailable.into_response(),
+            });
+            if stream && first_rx.await.is_ok() {
+                streamed(served)
+            } else {
+                match served.await {
+                    Ok(Ok(body)) => Json(body).into_response(),
+                    Ok(Err(e)) => e.into_response(),
+                    Err(_) => RequestError::Unavailable.into_response(),
+                }
             }
         }
     };
@@ -729,6 +752,23 @@ async fn serve_parsed(engine: Arc<Engine>, parsed: Result<Completion, RequestErr
         .headers_mut()
         .insert(REPLICA_HEADER, engine.replica_header.clone());
     response
+}
+
+/// A streamed completion's response: its headers now (the first token is out),
+/// its body when the request is done.
+fn streamed(served: JoinHandle<Result<Value, RequestError>>) -> Response {
+    let body = futures::stream::once(async move {
+        match served.await {
+            Ok(Ok(v)) => Ok(Bytes::from(v.to_string())),
+            Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 /// What the cache holds of a prompt and how long it would wait: the oracles' view.

@@ -97,6 +97,8 @@ pub(super) struct Job {
     arrived: Instant,
     /// Its uncached prompt tokens when it arrived (the queue's pending estimate).
     estimate: usize,
+    /// Told when the first token is out (a streamed response's headers).
+    first: Option<oneshot::Sender<()>>,
     done: oneshot::Sender<Served>,
 }
 
@@ -159,6 +161,7 @@ impl Engine {
         batcher: &Batcher,
         prompt: &[u32],
         max_tokens: u32,
+        first: Option<oneshot::Sender<()>>,
     ) -> Result<Served, RequestError> {
         let arrived = Instant::now();
         let estimate = prompt.len() - self.cache.lock().lookup(prompt);
@@ -170,6 +173,7 @@ impl Engine {
                 max_tokens,
                 arrived,
                 estimate,
+                first,
                 done: tx,
             });
             q.pending_prefill += estimate;
@@ -308,6 +312,9 @@ pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
                 if a.prefill_left == 0 {
                     // This step's forward pass sampled the first token.
                     a.first_token = Some(clock);
+                    if let Some(first) = a.job.first.take() {
+                        let _ = first.send(());
+                    }
                     a.decode_left = a.job.max_tokens.saturating_sub(1);
                     if let Some((ticket, events)) = a.events.take() {
                         ticket.publish(events);
@@ -321,8 +328,11 @@ pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
         while i < running.len() {
             let a = &running[i];
             if a.prefill_left == 0 && a.decode_left == 0 {
-                let a = running.remove(i);
+                let mut a = running.remove(i);
                 used_blocks -= a.blocks;
+                if let Some(first) = a.job.first.take() {
+                    let _ = first.send(());
+                }
                 let first = a.first_token.unwrap_or(clock);
                 c.served.fetch_add(1, Ordering::Relaxed);
                 // The client may have gone; the work (and its events) happened anyway.

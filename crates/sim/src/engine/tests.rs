@@ -544,7 +544,13 @@ fn requests_parse_with_defaults_and_ignore_unknown_fields() {
             model: String::new(),
             prompt: vec![5, 6],
             max_tokens: DEFAULT_MAX_TOKENS,
+            stream: false,
         }
+    );
+    assert!(
+        parse_completion(br#"{"prompt":[1],"stream":true}"#)
+            .unwrap()
+            .stream
     );
     assert_eq!(
         parse_prompt(br#"{"prompt":[4294967295]}"#).unwrap(),
@@ -876,4 +882,68 @@ async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     plain.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// When a completion's response headers arrive, and when its body does.
+async fn timed_completion(
+    http: &Http,
+    prompt: &[u32],
+    max_tokens: u32,
+    stream: bool,
+) -> (f64, f64, Value) {
+    let body = json!({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": stream});
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("{}/v1/completions", http.base))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let sent = std::time::Instant::now();
+    let resp = http.client.request(req).await.unwrap();
+    let headers_ms = sent.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body_ms = sent.elapsed().as_secs_f64() * 1e3;
+    (headers_ms, body_ms, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test]
+async fn a_streamed_completion_answers_its_headers_with_the_first_token() {
+    // The simple model too, with costs large enough to time over loopback.
+    let simple = EngineConfig {
+        prefill_us_per_token: 200.0,
+        decode_us_per_token: 2000.0,
+        ..mk_config()
+    };
+    for config in [mk_batched(), simple] {
+        let engine = spawn(config).await.unwrap();
+        let http = Http::new(&engine);
+        // 40 output tokens: the decode is far longer than the prefill.
+        let (headers, body, json) = timed_completion(&http, &tokens(5000, 16), 40, true).await;
+        let ttft = json["sim"]["ttft_ms"].as_f64().unwrap();
+        let decode = json["sim"]["decode_ms"].as_f64().unwrap();
+        assert!(decode > 2.0 * ttft, "{json}");
+        assert!(
+            headers >= ttft * 0.9,
+            "headers at {headers} ms, first token at {ttft} ms"
+        );
+        assert!(
+            headers < ttft + decode / 2.0,
+            "headers at {headers} ms: not with the first token ({ttft} ms)"
+        );
+        assert!(
+            body >= ttft + decode * 0.9,
+            "body at {body} ms, done at {} ms",
+            ttft + decode
+        );
+        // Not streamed: the headers come with the whole completion.
+        let (headers, _, json) = timed_completion(&http, &tokens(6000, 16), 40, false).await;
+        let done =
+            json["sim"]["ttft_ms"].as_f64().unwrap() + json["sim"]["decode_ms"].as_f64().unwrap();
+        assert!(
+            headers >= done * 0.9,
+            "headers at {headers} ms, done at {done} ms"
+        );
+        engine.shutdown().await;
+    }
 }
