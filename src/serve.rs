@@ -154,10 +154,11 @@ pub struct ServeArgs {
     pub destination_header: String,
     /// When a routed request stops counting in the load rule's in-flight signal.
     /// prefill-end: when its engine's KV events store its last block, so Envoy
-    /// skips the response headers (a round trip on every response); only for a
-    /// request with uncached blocks to a replica whose events and metrics (or
-    /// ReportStats) are live, others as response-headers. response-headers: at
-    /// its response headers, always.
+    /// skips the response headers (a round trip on every response; a request
+    /// whose blocks are all cached ends at once); only for a request with a
+    /// chain to a replica whose events and metrics (or ReportStats) are live,
+    /// others as response-headers. response-headers: at its response headers,
+    /// always.
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = InflightRelease::PrefillEnd)]
     pub inflight_release: InflightRelease,
     /// How often the policy path is checked for changes, in milliseconds.

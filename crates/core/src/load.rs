@@ -153,7 +153,7 @@ impl Inflight {
     }
 
     /// Hands the request's count to its prefill ticket, which must not be shared
-    /// yet (`Router::admit` calls this just before tracking it). `false` when
+    /// yet (`Router::admit_until_prefill_end` calls this just before tracking it). `false` when
     /// there is no ticket.
     pub(crate) fn hand_to_prefill(&mut self) -> bool {
         match &self.prefill {

@@ -61,18 +61,7 @@ fn mk_service_with(config: ExtProcConfig, policy: ResolvedPolicy) -> ExtProc {
         policy,
     );
     let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
-    let events = [IndexEvent::Stored {
-        parent: None,
-        hashes: CHAIN.to_vec(),
-        token_counts: vec![],
-    }];
-    let batch = IngestBatch {
-        scope: ScopeRef::new("acme", "llama", "vllm"),
-        replica_id: "r1",
-        endpoint: "",
-        events: &events,
-    };
-    router.ingest(&batch, now).unwrap();
+    store_on(&router, "r1", None, &CHAIN, now);
     let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
     ExtProc::new(router, metrics, config)
 }
@@ -114,10 +103,35 @@ fn ask(
     svc: &ExtProc,
     pairs: &[(&'static str, String)],
 ) -> (ProcessingResponse, Vec<HeaderValueOption>) {
+    let (reply, stream) = on_new_stream(svc, pairs);
+    (reply, stream.echo)
+}
+
+/// Sends request headers `pairs` on a new stream: the reply and what the stream keeps.
+fn on_new_stream(
+    svc: &ExtProc,
+    pairs: &[(&'static str, String)],
+) -> (ProcessingResponse, StreamState) {
     let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut stream = StreamState::default();
     let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
-    (reply, stream.echo)
+    (reply, stream)
+}
+
+/// `replica` stores `hashes` under `parent` (an engine event), now.
+fn store_on(router: &Router, replica: &str, parent: Option<u64>, hashes: &[u64], now: Timestamp) {
+    let events = [IndexEvent::Stored {
+        parent,
+        hashes: hashes.to_vec(),
+        token_counts: vec![],
+    }];
+    let batch = IngestBatch {
+        scope: ScopeRef::new("acme", "llama", "vllm"),
+        replica_id: replica,
+        endpoint: "",
+        events: &events,
+    };
+    router.ingest(&batch, now).unwrap();
 }
 
 fn common(reply: &ProcessingResponse) -> &CommonResponse {
@@ -200,11 +214,7 @@ fn inflight_of(svc: &ExtProc, id: &str) -> u64 {
 
 /// Sends the chain request on a new stream and returns the stream's state.
 fn routed(svc: &ExtProc) -> (ProcessingResponse, StreamState) {
-    let pairs = chain_headers(&[]);
-    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut stream = StreamState::default();
-    let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
-    (reply, stream)
+    on_new_stream(svc, &chain_headers(&[]))
 }
 
 #[test]
@@ -256,11 +266,7 @@ fn routed_longer(
     svc: &ExtProc,
     extra: &[(&'static str, &'static str)],
 ) -> (ProcessingResponse, StreamState) {
-    let pairs = longer_chain_headers(extra);
-    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut stream = StreamState::default();
-    let reply = svc.answer(mk_request(&borrowed), &mut stream).unwrap();
-    (reply, stream)
+    on_new_stream(svc, &longer_chain_headers(extra))
 }
 
 fn response_headers(svc: &ExtProc, stream: &mut StreamState) {
@@ -348,19 +354,9 @@ fn a_debugging_request_still_gets_its_echo_and_ends_with_its_prefill() {
     assert_eq!(inflight_of(&svc, "r1"), 0);
 }
 
+/// r1's engine stores `hashes` after CHAIN.
 fn store_on_r1(svc: &ExtProc, hashes: &[u64]) {
-    let events = [IndexEvent::Stored {
-        parent: Some(0xa6),
-        hashes: hashes.to_vec(),
-        token_counts: vec![],
-    }];
-    let batch = IngestBatch {
-        scope: ScopeRef::new("acme", "llama", "vllm"),
-        replica_id: "r1",
-        endpoint: "",
-        events: &events,
-    };
-    svc.router.ingest(&batch, Timestamp::now()).unwrap();
+    store_on(&svc.router, "r1", Some(0xa6), hashes, Timestamp::now());
 }
 
 #[tokio::test(start_paused = true)]

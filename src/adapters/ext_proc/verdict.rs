@@ -78,10 +78,10 @@ pub struct ExtProcConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum InflightRelease {
     /// When the replica's engine stores the request's last block (the end of
-    /// its prefill), if that engine's events and queue report are both live and
-    /// the request brings uncached blocks: Envoy skips the response headers,
-    /// and the request, decoding on, is in the engine's next report. Otherwise
-    /// as `response-headers`.
+    /// its prefill; a request whose blocks are all cached at once), if that
+    /// engine's events and queue report are both live: Envoy skips the response
+    /// headers, and the request, decoding on, is in the engine's next report.
+    /// Otherwise (no live engine signals, no chain) as `response-headers`.
     #[default]
     PrefillEnd,
     /// Always at the response headers (or the stream's end): Envoy sends them

@@ -11,15 +11,27 @@ use crate::load::Inflight;
 /// then admit) and returns its guard: one request in flight there whose
 /// uncached tokens wait for the engine.
 fn route(router: &Router, replica: &str, chain: &[u64], tokens: u32) -> Inflight {
+    let (r, d) = decided_for(router, replica, chain, tokens, t0());
+    router
+        .admit(&d, &r.as_lookup(), t0())
+        .expect("a pick to admit")
+}
+
+/// `chain` (`tokens` a block) with `replica` its only candidate, decided at `now`.
+fn decided_for(
+    router: &Router,
+    replica: &str,
+    chain: &[u64],
+    tokens: u32,
+    now: Timestamp,
+) -> (Req, Decision) {
     let r = Req {
         counts: vec![tokens; chain.len()],
         ..req(chain).candidates(&[replica])
     };
-    let d = lookup(router, &r);
+    let d = router.lookup(&r.as_lookup(), now);
     assert_eq!(picked(&d).as_deref(), Some(replica));
-    router
-        .admit(&d, &r.as_lookup(), t0())
-        .expect("a pick to admit")
+    (r, d)
 }
 
 /// (requests in flight, uncached tokens queued) of `id`, as `/snapshot` says.
@@ -184,12 +196,7 @@ fn route_until_prefill_end(
     tokens: u32,
     now: Timestamp,
 ) -> Inflight {
-    let r = Req {
-        counts: vec![tokens; chain.len()],
-        ..req(chain).candidates(&[replica])
-    };
-    let d = router.lookup(&r.as_lookup(), now);
-    assert_eq!(picked(&d).as_deref(), Some(replica));
+    let (r, d) = decided_for(router, replica, chain, tokens, now);
     router
         .admit_until_prefill_end(&d, &r.as_lookup(), now)
         .expect("a pick to admit")
