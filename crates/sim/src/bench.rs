@@ -94,6 +94,11 @@ pub struct BenchArgs {
     /// simulated engines and the sidecar's backend tokenize with these files.
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
+    /// Also write every request's outcome (arrival, engine, reason, cached and
+    /// predicted tokens, TTFT, the replica a spill came from) as JSON lines, one
+    /// file per workload and router: `trace-WORKLOAD-ROUTER.jsonl` in `--out`.
+    #[arg(long)]
+    pub trace: bool,
 }
 
 const BLOCK_SIZE: u32 = 16;
@@ -380,6 +385,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             }
             let stats = engine_stats(&http, &refs, &engines).await;
             let summary = RunSummary::of(workload.name(), router, &ids, &outcome, stats);
+            if args.trace {
+                write_trace(&args.out, workload.name(), router, &outcome.samples)?;
+            }
             eprintln!(
                 "{:>14} {:>15}: {} requests in {:.1} s, hit rate {:.1}%, TTFT p90 {:.0} ms, \
                  engine clock lag max {:.0} ms ({} resets){}",
@@ -516,6 +524,24 @@ fn tenants(routers: &[Router]) -> Vec<Router> {
         out.push(Router::InferenceCacheTuned);
     }
     out
+}
+
+/// `--trace`: one JSON line per request, in arrival order.
+fn write_trace(
+    out: &std::path::Path,
+    workload: &str,
+    router: Router,
+    samples: &[crate::drive::Sample],
+) -> anyhow::Result<()> {
+    let path = out.join(format!("trace-{workload}-{}.jsonl", router.name()));
+    let mut sorted: Vec<&crate::drive::Sample> = samples.iter().collect();
+    sorted.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
+    let mut text = String::new();
+    for s in sorted {
+        text.push_str(&serde_json::to_string(s)?);
+        text.push('\n');
+    }
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The sidecar's configuration: per tenant a namespace with its CacheTenant, its

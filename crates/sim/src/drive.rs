@@ -112,9 +112,11 @@ pub fn prepare(
         .collect()
 }
 
-/// What one request got.
-#[derive(Clone, Debug)]
+/// What one request got (one line of `bench-routing --trace`).
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Sample {
+    /// Its arrival time from the start of the run, ms.
+    pub at_ms: f64,
     /// The engine's modeled time to first token (queue + prefill); the client's
     /// whole latency for engines that do not report it.
     pub ttft_ms: f64,
@@ -128,6 +130,8 @@ pub struct Sample {
     /// `x-inferencecache-matched-tokens` debug header; 0 when it decided without a
     /// pick), if it routed the request.
     pub predicted_cached: Option<u64>,
+    /// The replica the cache preferred when the load rule moved the pick.
+    pub spilled_from: Option<String>,
     pub family: u32,
 }
 
@@ -256,6 +260,7 @@ async fn send(
         }
     };
     Ok(Sample {
+        at_ms: p.request.at.as_secs_f64() * 1e3,
         ttft_ms: body["sim"]["ttft_ms"].as_f64().unwrap_or(latency_ms),
         latency_ms,
         prompt_tokens: usage["prompt_tokens"]
@@ -271,6 +276,7 @@ async fn send(
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         }),
+        spilled_from: header(headers::SPILLED_FROM),
         family: p.request.family,
     })
 }

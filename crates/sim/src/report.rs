@@ -307,6 +307,7 @@ mod tests {
 
     fn sample(replica: &str, ttft: f64, prompt: u64, cached: u64) -> Sample {
         Sample {
+            at_ms: 0.0,
             ttft_ms: ttft,
             latency_ms: ttft + 10.0,
             prompt_tokens: prompt,
@@ -314,6 +315,7 @@ mod tests {
             replica: replica.to_string(),
             reason: Some("PREFIX_MATCH".to_string()),
             predicted_cached: Some(cached),
+            spilled_from: None,
             family: 0,
         }
     }
