@@ -19,6 +19,12 @@
 //! more than the common prefix, then everyone else in rendezvous order, seeded by
 //! the request's own last block when the pick itself holds only the common part.
 //!
+//! A pick that holds no hit (affinity, TENANT_HOT, or a prefix match on no more
+//! than the common prefix) loses nothing by moving, so for it the bound is the
+//! fleet's mean itself: those requests fill the quietest replicas and keep the
+//! holders of real hits under their bound, which is what keeps hits from
+//! spilling into cold prefills elsewhere.
+//!
 //! A request count cannot tell a replica running two full prefills from one
 //! running two cheap decodes, and prefill is what a request's TTFT waits on. So
 //! when the count leaves the pick alone, its *prefill cost* is compared too: the
@@ -26,7 +32,10 @@
 //! each request's last block) plus this request's own uncached tokens there. If
 //! that exceeds the cheapest serving replica's by more than `prefillSlackTokens`
 //! (128 by default, a few milliseconds of prefill), the request goes to the
-//! cheapest, ties in the same walk order.
+//! cheapest, ties in the same walk order. Tokens a replica is still prefilling
+//! for a sibling routed there moments ago (pending entries, when `pendingTTL` is
+//! on) that this request matches are not counted against it: they are the
+//! prefill it would wait for anyway, and going elsewhere would compute them twice.
 
 use std::sync::atomic::Ordering;
 
@@ -58,11 +67,26 @@ pub(crate) struct Candidates<'a> {
     pub request_seed: u64,
     /// The request's prompt tokens.
     pub requested: u64,
+    /// Per member, the tokens of the request's match there that are still being
+    /// prefilled for a sibling routed there moments ago (pending entries), if any.
+    pub riding: Option<&'a [u64]>,
 }
 
 impl Candidates<'_> {
     fn first(&self) -> Option<usize> {
         self.rows.first().map(|r| r.member)
+    }
+
+    /// Whether the pick is worth nothing to the cache: an affinity or TENANT_HOT
+    /// pick, or a prefix match on no more than the common prefix. Moving it loses
+    /// no hit, so it may move as soon as it is busier than the fleet's mean.
+    fn pick_is_free(&self, serving: usize) -> bool {
+        match self.rows.first() {
+            Some(pick) if self.prefix_match => {
+                pick.matched_blocks <= common_blocks(self.rows, serving)
+            }
+            _ => true,
+        }
     }
 
     /// The walk after the pick: survivors holding more than the common prefix,
@@ -137,7 +161,16 @@ fn by_requests(
     let loads: SmallVec<[u64; 32]> = (0..n).map(load_of).collect();
     let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let mean = (total as f64 + 1.0) / n as f64;
-    let bound = lb.factor * mean + f64::from(lb.slack);
+    // A pick that holds a hit moves only when it is well over the mean; one that
+    // holds none stays only at or below the fleet's mean load (before this
+    // request), so the requests any replica serves as well fill the quietest
+    // replicas and leave headroom to the holders of real hits. The least loaded
+    // replica is always under either bound.
+    let bound = if candidates.pick_is_free(n) {
+        total as f64 / n as f64 + 1.0
+    } else {
+        lb.factor * mean + f64::from(lb.slack)
+    };
     let fits = |m: usize| loads[m] as f64 + 1.0 <= bound;
     if fits(first) {
         return None;
@@ -157,10 +190,22 @@ fn by_prefill(
 ) -> Option<Spill> {
     let slack = u64::from(lb.prefill_slack_tokens);
     let pick = candidates.rows.first()?;
+    // A sibling's queued prefill of the very blocks this request matches there
+    // is work the request rides on, not work it waits behind as extra: sending
+    // it elsewhere would prefill those blocks a second time.
+    let riding = |m: usize| {
+        candidates
+            .riding
+            .and_then(|r| r.get(m).copied())
+            .unwrap_or(0)
+    };
     let queued = |m: usize| {
-        serving
-            .replica(m)
-            .map_or(0, |r| r.live.inflight_tokens.load(Ordering::Relaxed))
+        serving.replica(m).map_or(0, |r| {
+            r.live
+                .inflight_tokens
+                .load(Ordering::Relaxed)
+                .saturating_sub(riding(m))
+        })
     };
     let requested = candidates.requested;
     let first_cost = queued(pick.member)

@@ -21,12 +21,14 @@ mod tests;
 
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 use bounded_load::Spill;
 use outcome::{Decision, ReasonCode, ScoredSlot, Strategy};
 use rank::{Floors, Ranking, Row};
 use request::{Chain, LookupRequest};
 
-use crate::index::{Classified, Index, ServingSet, prefix_seed};
+use crate::index::{Classified, Index, Pending, ServingSet, prefix_seed};
 use crate::policy::EvictionAlgorithm;
 use crate::scope::ScopeRef;
 use crate::snapshot::PolicySnapshot;
@@ -91,13 +93,16 @@ pub fn decide(
     let has_seed = chain.is_present() || !req.prefix_hash.is_empty();
     // Memory tiers cost nothing until a replica of the scope reports a block in one.
     let tiered = policy.tier_weights.any_lower() && scope_index.has_lower_tiers();
+    // Per member, the tokens of its match that are pending (being prefilled for a
+    // sibling routed there moments ago), when any are.
+    let mut riding = None;
     let ranking = if chain.is_present() && tiered {
         let weights = policy.tier_weights.by_code();
         match scope_index.match_chain_tiered(chain.hashes, &serving, now, ttl, deadline, weights) {
             Ok(mut m) => {
                 if load_aware {
-                    let pending = &scope_index.pending;
-                    pending.extend_runs(chain.hashes, serving.members(), &mut m.runs, now);
+                    riding =
+                        extend_by_pending(&scope_index.pending, &chain, &serving, &mut m.runs, now);
                 }
                 rank::rank_chain_tiered(&m.runs, &m.lower, chain.token_counts, floors)
             }
@@ -107,8 +112,8 @@ pub fn decide(
         match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
             Ok(mut runs) => {
                 if load_aware {
-                    let pending = &scope_index.pending;
-                    pending.extend_runs(chain.hashes, serving.members(), &mut runs, now);
+                    riding =
+                        extend_by_pending(&scope_index.pending, &chain, &serving, &mut runs, now);
                 }
                 rank::rank_chain(&runs, chain.token_counts, floors)
             }
@@ -175,6 +180,7 @@ pub fn decide(
                     deepest,
                     request_seed: affinity_seed(),
                     requested,
+                    riding: riding.as_deref(),
                 };
                 spilled = bounded_load::place(&serving, &candidates, &policy.load_balancing, now);
                 if let Some(sp) = spilled {
@@ -215,6 +221,7 @@ pub fn decide(
                                 deepest: None,
                                 request_seed: seed,
                                 requested,
+                                riding: None,
                             };
                             bounded_load::place(&serving, &candidates, &policy.load_balancing, now)
                         })
@@ -237,6 +244,34 @@ pub fn decide(
         }
         None => none(ReasonCode::NoHint),
     }
+}
+
+/// Extends each member's run by the chain's blocks pending for it and returns,
+/// per member, the tokens that extension added (`None` when it added none).
+fn extend_by_pending(
+    pending: &Pending,
+    chain: &Chain<'_>,
+    serving: &ServingSet,
+    runs: &mut [u32],
+    now: u64,
+) -> Option<SmallVec<[u64; 32]>> {
+    if !pending.is_active() {
+        return None;
+    }
+    let before: SmallVec<[u32; 32]> = runs.iter().copied().collect();
+    pending.extend_runs(chain.hashes, serving.members(), runs, now);
+    let tokens = |from: u32, to: u32| -> u64 {
+        chain
+            .token_counts
+            .get(from as usize..to as usize)
+            .map_or(0, |c| c.iter().map(|&t| u64::from(t)).sum())
+    };
+    let riding: SmallVec<[u64; 32]> = before
+        .iter()
+        .zip(runs.iter())
+        .map(|(&from, &to)| if to > from { tokens(from, to) } else { 0 })
+        .collect();
+    riding.iter().any(|&t| t > 0).then_some(riding)
 }
 
 /// Puts the spill target first. A prefix match keeps listing the cache's ranking

@@ -61,6 +61,7 @@ pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};
 
+pub(crate) use pending::Pending;
 pub(crate) use replica::{ReplicaLive, ServingSet};
 pub(crate) use store::prefix_seed;
 pub use tenant::TenantLimits;

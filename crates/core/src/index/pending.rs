@@ -63,6 +63,11 @@ impl Pending {
         self.len.store(blocks.len(), Ordering::Relaxed);
     }
 
+    /// Whether any chain is recorded (live or expired, until purged).
+    pub fn is_active(&self) -> bool {
+        self.len.load(Ordering::Relaxed) > 0
+    }
+
     /// Extends `runs[member]` (the leading run each serving member really holds)
     /// with the blocks of `chain` pending for it right after that run. Pending
     /// never outweighs what engines report: only members whose real run is the

@@ -278,3 +278,55 @@ fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
     assert_eq!(picked(&d), Some(target));
     assert_eq!(d.spilled_from(), Some("r1"));
 }
+
+/// r1 and r3 and r4 at 2 requests each, r2 at 3: under `factor × mean + slack`
+/// (1.25 × 2.5 + 2) for everyone, but r2 is above the fleet's mean (2.25).
+fn uneven_by_one(router: &Router) -> Vec<Inflight> {
+    FLEET
+        .iter()
+        .flat_map(|id| load(router, id, if *id == "r2" { 3 } else { 2 }))
+        .collect()
+}
+
+#[test]
+fn a_pick_that_holds_no_hit_leaves_a_replica_above_the_mean() {
+    let router = mk_router(ResolvedPolicy::default());
+    for id in FLEET {
+        register(&router, acme(), id, t0());
+    }
+    let seed = seed_owned_by("r2", &FLEET, &[]);
+    let r = req(&[seed]);
+    let _held = uneven_by_one(&router);
+    // An affinity pick gains nothing from staying: it goes to the first replica
+    // at or below the mean in rendezvous order, not the busiest one.
+    let d = lookup(&router, &r);
+    let rest: Vec<&str> = FLEET.iter().copied().filter(|id| *id != "r2").collect();
+    assert_affinity(&d, &owner(seed, &rest));
+    assert_eq!(d.spilled_from(), Some("r2"));
+    // The same loads with the rule off: the seed's pick.
+    let off = mk_router(disabled(ResolvedPolicy::default()));
+    for id in FLEET {
+        register(&off, acme(), id, t0());
+    }
+    assert_affinity(&lookup(&off, &r), "r2");
+}
+
+#[test]
+fn a_pick_that_holds_a_hit_stays_until_well_over_the_mean() {
+    // r2 holds six blocks nobody else does: the seed ranks it first.
+    let router = mk_router(ResolvedPolicy::default());
+    store(&router, "r2", &[71, 72, 73, 74, 75, 76]);
+    for id in ["r1", "r3", "r4"] {
+        register(&router, acme(), id, t0());
+    }
+    let r = req(&[71, 72, 73, 74, 75, 76, 77]);
+    let d = lookup(&router, &r);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    let _held = uneven_by_one(&router);
+    // 3 + 1 is under 1.25 × 2.5 + 2: the hit stays where it is cached.
+    let d = lookup(&router, &r);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    assert_eq!(d.spilled_from(), None);
+}

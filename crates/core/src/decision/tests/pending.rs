@@ -144,3 +144,20 @@ fn with_the_load_rule_off_nothing_is_pending() {
     let d = lookup(&router, &req(&SIBLING));
     assert_eq!(d.reason, ReasonCode::AffinityHint);
 }
+
+#[test]
+fn a_sibling_rides_on_the_first_prefill_instead_of_prefilling_it_again() {
+    let router = fleet(ResolvedPolicy::default());
+    // FIRST at 1,000 tokens a block: 8,000 uncached tokens queued on its replica.
+    let first = req(&FIRST).tokens(&[1000; 8]);
+    let d = lookup(&router, &first);
+    let to = picked(&d).expect("a pick");
+    let _inflight = router.admit(&d, &first.as_lookup(), t0());
+    // The sibling matches six of those blocks there (pending). Counted as extra
+    // work it would cost 8,000 + 2,000 there against 8,000 anywhere else and
+    // spill; the 6,000 it shares are the prefill it waits for anyway.
+    let d = lookup(&router, &req(&SIBLING).tokens(&[1000; 8]));
+    assert_eq!(d.reason, ReasonCode::PrefixMatch, "rows {:?}", rows(&d));
+    assert_eq!(picked(&d).as_deref(), Some(to.as_str()));
+    assert_eq!(d.spilled_from(), None);
+}
