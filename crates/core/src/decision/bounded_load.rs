@@ -19,12 +19,6 @@
 //! more than the common prefix, then everyone else in rendezvous order, seeded by
 //! the request's own last block when the pick itself holds only the common part.
 //!
-//! A pick that holds no hit (affinity, TENANT_HOT, or a prefix match on no more
-//! than the common prefix) loses nothing by moving, so for it the bound is the
-//! fleet's mean itself: those requests fill the quietest replicas and keep the
-//! holders of real hits under their bound, which is what keeps hits from
-//! spilling into cold prefills elsewhere.
-//!
 //! A request count cannot tell a replica running two full prefills from one
 //! running two cheap decodes, and prefill is what a request's TTFT waits on. So
 //! when the count leaves the pick alone, its *prefill cost* is compared too: the
@@ -75,18 +69,6 @@ pub(crate) struct Candidates<'a> {
 impl Candidates<'_> {
     fn first(&self) -> Option<usize> {
         self.rows.first().map(|r| r.member)
-    }
-
-    /// Whether the pick is worth nothing to the cache: an affinity or TENANT_HOT
-    /// pick, or a prefix match on no more than the common prefix. Moving it loses
-    /// no hit, so it may move as soon as it is busier than the fleet's mean.
-    fn pick_is_free(&self, serving: usize) -> bool {
-        match self.rows.first() {
-            Some(pick) if self.prefix_match => {
-                pick.matched_blocks <= common_blocks(self.rows, serving)
-            }
-            _ => true,
-        }
     }
 
     /// The walk after the pick: survivors holding more than the common prefix,
@@ -161,16 +143,7 @@ fn by_requests(
     let loads: SmallVec<[u64; 32]> = (0..n).map(load_of).collect();
     let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let mean = (total as f64 + 1.0) / n as f64;
-    // A pick that holds a hit moves only when it is well over the mean; one that
-    // holds none stays only at or below the fleet's mean load (before this
-    // request), so the requests any replica serves as well fill the quietest
-    // replicas and leave headroom to the holders of real hits. The least loaded
-    // replica is always under either bound.
-    let bound = if candidates.pick_is_free(n) {
-        total as f64 / n as f64 + 1.0
-    } else {
-        lb.factor * mean + f64::from(lb.slack)
-    };
+    let bound = lb.factor * mean + f64::from(lb.slack);
     let fits = |m: usize| loads[m] as f64 + 1.0 <= bound;
     if fits(first) {
         return None;
