@@ -53,6 +53,10 @@ pub(crate) struct Holders(Holder);
 #[derive(Debug, Default)]
 pub(crate) struct ManyHolders {
     pub mask: u64,
+    /// Holders outside the mask (slots from 64, lower tiers): kept so that the
+    /// walk knows the mask is all of them without a popcount, which this
+    /// target compiles to some twenty instructions per shared block.
+    high: u32,
     pub list: Vec<Holder>,
 }
 
@@ -63,6 +67,7 @@ impl ManyHolders {
             .iter()
             .filter(|h| h.slot < 64)
             .fold(0, |m, h| m | 1 << h.slot);
+        self.high = self.list.iter().filter(|h| h.slot >= 64).count() as u32;
     }
 }
 
@@ -153,7 +158,7 @@ impl<'a> HoldersRef<'a> {
         let h = self.holders.0;
         if h.slot == SPILLED {
             let v = self.many()?;
-            return (v.mask.count_ones() as usize == v.list.len()).then_some(v.mask);
+            return (v.high == 0).then_some(v.mask);
         }
         if h.refs == 0 {
             Some(0)
@@ -223,6 +228,8 @@ impl Holders {
                 v.list.push(Holder { slot, refs: 1 });
                 if slot < 64 {
                     v.mask |= 1 << slot;
+                } else {
+                    v.high += 1;
                 }
                 true
             }
@@ -237,6 +244,7 @@ impl Holders {
             first => {
                 let mut many = ManyHolders {
                     mask: 0,
+                    high: 0,
                     list: vec![first, Holder { slot, refs: 1 }],
                 };
                 many.rebuild_mask();
