@@ -377,6 +377,13 @@ impl Entry {
     }
 }
 
+/// The oldest stamp [`Entry::is_fresh`] accepts at `now` under `ttl`: an entry
+/// is fresh exactly when `last_seen >= fresh_from(now, ttl)` (one compare).
+#[inline]
+pub(crate) fn fresh_from(now: u64, ttl: u64) -> u64 {
+    now.saturating_sub(ttl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
