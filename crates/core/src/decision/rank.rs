@@ -66,11 +66,13 @@ pub(crate) fn rank_chain_tiered(
     // `SmallVec` this size is copied whole when it is built and moved).
     if len <= STACK_BLOCKS {
         let mut ending = [0u32; STACK_BLOCKS];
+        let mut lengths = [0u64; STACK_BLOCKS.div_ceil(64)];
         let mut cursors = [0u32; STACK_BLOCKS];
         let mut scores = [0.0f64; STACK_BLOCKS];
         let mut tokens = [0u64; STACK_BLOCKS];
         let scratch = Scratch {
             ending: &mut ending[..len],
+            lengths: &mut lengths[..len.div_ceil(64)],
             cursors: &mut cursors[..len],
             scores: &mut scores[..len],
             tokens: &mut tokens[..len],
@@ -79,6 +81,7 @@ pub(crate) fn rank_chain_tiered(
     } else {
         let scratch = Scratch {
             ending: &mut vec![0; len],
+            lengths: &mut vec![0; len.div_ceil(64)],
             cursors: &mut vec![0; len],
             scores: &mut vec![0.0; len],
             tokens: &mut vec![0; len],
@@ -91,6 +94,8 @@ pub(crate) fn rank_chain_tiered(
 struct Scratch<'a> {
     /// How many members' runs are m blocks long; then m's group.
     ending: &'a mut [u32],
+    /// The run lengths m > 0 some member has, as a bitset.
+    lengths: &'a mut [u64],
     /// Each group's next free row.
     cursors: &'a mut [u32],
     /// The score and the tokens of holding the first i blocks.
@@ -107,39 +112,55 @@ fn rank_with(
 ) -> Ranking {
     let Scratch {
         ending,
+        lengths,
         cursors,
         scores,
         tokens,
     } = scratch;
-    prefix_sums(runs, token_counts, ending, scores, tokens);
-    if lower.is_empty()
-        && let Some(ranking) = order_by_run(runs, scores, tokens, ending, cursors, floors)
-    {
-        return ranking;
+    histogram(runs, ending, lengths);
+    if lower.is_empty() {
+        sums_at_lengths(runs.len(), token_counts, lengths, ending, scores, tokens);
+        if let Some(ranking) = order_by_run(runs, lengths, scores, tokens, ending, cursors, floors)
+        {
+            return ranking;
+        }
+        // Not reached (see `order_by_run`): every prefix sum, and the sort.
+        ending.fill(0);
+        lengths.fill(0);
+        histogram(runs, ending, lengths);
     }
+    prefix_sums(runs.len(), token_counts, ending, scores, tokens);
     sort_rows(runs, lower, scores, tokens, floors)
 }
 
 /// Blocks of ranking scratch kept on the stack.
 const STACK_BLOCKS: usize = 72;
 
-/// Fills `ending[m]` (how many members' runs are m blocks long) and the prefix
-/// sums `scores[i]`, `tokens[i]` of holding the first i blocks.
+/// Fills `ending[m]` (how many members' runs are m blocks long) and marks
+/// every length m > 0 in `lengths`.
+fn histogram(runs: &[u32], ending: &mut [u32], lengths: &mut [u64]) {
+    for &m in runs {
+        let m = m as usize;
+        if ending[m] == 0 && m > 0 {
+            lengths[m / 64] |= 1 << (m % 64);
+        }
+        ending[m] += 1;
+    }
+}
+
+/// The prefix sums `scores[i]`, `tokens[i]` of holding the first i blocks, for
+/// every i (the tiered ranking subtracts per block). `ending` is the histogram.
 fn prefix_sums(
-    runs: &[u32],
+    n: usize,
     token_counts: &[u32],
-    ending: &mut [u32],
+    ending: &[u32],
     scores: &mut [f64],
     tokens: &mut [u64],
 ) {
-    // holders_through[i] = h_i, from a histogram of run lengths.
-    for &m in runs {
-        ending[m as usize] += 1;
-    }
     // One pass over the blocks; d changes only where a run ends. Zipped slices
     // keep the loop free of per-item checks.
-    let inv_n = 1.0 / runs.len() as f64;
-    let mut holding = runs.len() as u32 - ending[0];
+    let inv_n = 1.0 / n as f64;
+    let mut holding = n as u32 - ending[0];
     let mut d = 1.0 - f64::from(holding) * inv_n;
     let (mut score, mut sum) = (0.0f64, 0u64);
     let counted = token_counts.len().min(ending.len() - 1);
@@ -162,6 +183,43 @@ fn prefix_sums(
     tokens[counted + 1..].fill(sum);
 }
 
+/// [`prefix_sums`] at the run lengths in `lengths` only, which is all the
+/// placement reads: the same additions in the same order (so the same bits),
+/// but block by block only between two lengths, where d stays the same, with
+/// no store and no test per block.
+fn sums_at_lengths(
+    n: usize,
+    token_counts: &[u32],
+    lengths: &[u64],
+    ending: &[u32],
+    scores: &mut [f64],
+    tokens: &mut [u64],
+) {
+    let inv_n = 1.0 / n as f64;
+    let mut holding = n as u32 - ending[0];
+    let mut d = 1.0 - f64::from(holding) * inv_n;
+    let (mut score, mut sum) = (0.0f64, 0u64);
+    let mut summed = 0usize;
+    for (w, &word) in lengths.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let m = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            // Blocks past the request's counts (a malformed request) add nothing.
+            let to = m.min(token_counts.len());
+            for &t in token_counts.get(summed..to).unwrap_or_default() {
+                score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+                sum += u64::from(t);
+            }
+            summed = summed.max(to);
+            scores[m] = score;
+            tokens[m] = sum;
+            holding -= ending[m];
+            d = 1.0 - f64::from(holding) * inv_n;
+        }
+    }
+}
+
 /// Whether `a` ranks after `b`: score desc, then matched tokens desc.
 fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
     b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)).is_gt()
@@ -176,6 +234,7 @@ fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
 /// what the stable sort gives. Overwrites `ending[m]` with m's group.
 fn order_by_run(
     runs: &[u32],
+    lengths: &[u64],
     scores: &[f64],
     tokens: &[u64],
     ending: &mut [u32],
@@ -185,27 +244,30 @@ fn order_by_run(
     const BELOW: u32 = u32::MAX;
     let (mut groups, mut total) = (0usize, 0u32);
     let mut previous: Option<(f64, u32)> = None;
-    for m in (1..ending.len()).rev() {
-        let count = ending[m];
-        if count == 0 {
-            continue;
-        }
-        let key = (scores[m], clamp_u32(tokens[m]));
-        if key.1 < floors.minimum_matched_tokens {
-            ending[m] = BELOW;
-            continue;
-        }
-        match previous {
-            Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
-            Some(p) if ranks_after(p, key) => return None,
-            _ => {
-                *cursors.get_mut(groups)? = total;
-                groups += 1;
-                previous = Some(key);
+    for (w, &word) in lengths.iter().enumerate().rev() {
+        let mut bits = word;
+        while bits != 0 {
+            let top = 63 - bits.leading_zeros() as usize;
+            bits &= !(1 << top);
+            let m = w * 64 + top;
+            let count = ending[m];
+            let key = (scores[m], clamp_u32(tokens[m]));
+            if key.1 < floors.minimum_matched_tokens {
+                ending[m] = BELOW;
+                continue;
             }
+            match previous {
+                Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
+                Some(p) if ranks_after(p, key) => return None,
+                _ => {
+                    *cursors.get_mut(groups)? = total;
+                    groups += 1;
+                    previous = Some(key);
+                }
+            }
+            ending[m] = (groups - 1) as u32;
+            total += count;
         }
-        ending[m] = (groups - 1) as u32;
-        total += count;
     }
     if total == 0 {
         return Some(Ranking::BelowFloor);
@@ -479,11 +541,40 @@ mod tests {
             let floors = Floors { minimum_matched_tokens, routing_floor_score };
             let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
             let (mut ending, mut cursors) = (vec![0u32; len], vec![0u32; len]);
+            let mut lengths = vec![0u64; len.div_ceil(64)];
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
-            prefix_sums(&runs, &counts, &mut ending, &mut scores, &mut tokens);
+            histogram(&runs, &mut ending, &mut lengths);
+            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
             let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
-            let placed = order_by_run(&runs, &scores, &tokens, &mut ending, &mut cursors, floors);
+            let placed =
+                order_by_run(&runs, &lengths, &scores, &tokens, &mut ending, &mut cursors, floors);
             proptest::prop_assert_eq!(placed, Some(sorted));
+        }
+
+        /// The sums at the run lengths alone are the full prefix sums' there,
+        /// bit for bit, runs past the request's counts and past 64 blocks included.
+        #[test]
+        fn sums_at_the_lengths_equal_the_prefix_sums(
+            runs in proptest::collection::vec(0u32..140, 1..40),
+            counts in proptest::collection::vec(0u32..40, 0..150),
+        ) {
+            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
+            let mut ending = vec![0u32; len];
+            let mut lengths = vec![0u64; len.div_ceil(64)];
+            histogram(&runs, &mut ending, &mut lengths);
+            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
+            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
+            let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut at_scores, &mut at_tokens);
+            for &m in runs.iter().filter(|&&m| m > 0) {
+                let m = m as usize;
+                proptest::prop_assert!(lengths[m / 64] & (1 << (m % 64)) != 0);
+                proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
+                proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
+            }
+            let marked: u32 = lengths.iter().map(|w| w.count_ones()).sum();
+            let distinct: std::collections::BTreeSet<_> = runs.iter().filter(|&&m| m > 0).collect();
+            proptest::prop_assert_eq!(marked as usize, distinct.len());
         }
     }
 
@@ -493,7 +584,16 @@ mod tests {
         // must not guess: the caller sorts instead.
         let (mut ending, mut cursors) = (vec![0, 1, 1], vec![0; 3]);
         let (scores, tokens) = ([0.0, 2.0, 1.0], [0, 16, 32]);
-        let placed = order_by_run(&[1, 2], &scores, &tokens, &mut ending, &mut cursors, OPEN);
+        let lengths = [0b110];
+        let placed = order_by_run(
+            &[1, 2],
+            &lengths,
+            &scores,
+            &tokens,
+            &mut ending,
+            &mut cursors,
+            OPEN,
+        );
         assert_eq!(placed, None);
     }
 
