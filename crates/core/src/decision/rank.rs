@@ -67,13 +67,13 @@ pub(crate) fn rank_chain_tiered(
     if len <= STACK_BLOCKS {
         let mut ending = [0u32; STACK_BLOCKS];
         let mut lengths = [0u64; STACK_BLOCKS.div_ceil(64)];
-        let mut cursors = [0u32; STACK_BLOCKS];
+        let mut groups = [Group::default(); STACK_BLOCKS];
         let mut scores = [0.0f64; STACK_BLOCKS];
         let mut tokens = [0u64; STACK_BLOCKS];
         let scratch = Scratch {
             ending: &mut ending[..len],
             lengths: &mut lengths[..len.div_ceil(64)],
-            cursors: &mut cursors[..len],
+            groups: &mut groups[..len],
             scores: &mut scores[..len],
             tokens: &mut tokens[..len],
         };
@@ -82,7 +82,7 @@ pub(crate) fn rank_chain_tiered(
         let scratch = Scratch {
             ending: &mut vec![0; len],
             lengths: &mut vec![0; len.div_ceil(64)],
-            cursors: &mut vec![0; len],
+            groups: &mut vec![Group::default(); len],
             scores: &mut vec![0.0; len],
             tokens: &mut vec![0; len],
         };
@@ -96,8 +96,8 @@ struct Scratch<'a> {
     ending: &'a mut [u32],
     /// The run lengths m > 0 some member has, as a bitset.
     lengths: &'a mut [u64],
-    /// Each group's next free row.
-    cursors: &'a mut [u32],
+    /// The groups of equal keys, best first.
+    groups: &'a mut [Group],
     /// The score and the tokens of holding the first i blocks.
     scores: &'a mut [f64],
     tokens: &'a mut [u64],
@@ -113,15 +113,14 @@ fn rank_with(
     let Scratch {
         ending,
         lengths,
-        cursors,
+        groups,
         scores,
         tokens,
     } = scratch;
     histogram(runs, ending, lengths);
     if lower.is_empty() {
         sums_at_lengths(runs.len(), token_counts, lengths, ending, scores, tokens);
-        if let Some(ranking) = order_by_run(runs, lengths, scores, tokens, ending, cursors, floors)
-        {
+        if let Some(ranking) = order_by_run(runs, lengths, scores, tokens, ending, groups, floors) {
             return ranking;
         }
         // Not reached (see `order_by_run`): every prefix sum, and the sort.
@@ -231,18 +230,20 @@ fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
 /// prefix sums never decrease; `None` if they do, and the caller sorts), equal
 /// keys form one group, and each member's row is written straight into its
 /// group's next place, so equal keys keep member (replica-id) order, which is
-/// what the stable sort gives. Overwrites `ending[m]` with m's group.
+/// what the stable sort gives. Overwrites `ending[m]` with m's group (past
+/// the groups for no row: m = 0 or below the token floor).
 fn order_by_run(
     runs: &[u32],
     lengths: &[u64],
     scores: &[f64],
     tokens: &[u64],
     ending: &mut [u32],
-    cursors: &mut [u32],
+    groups: &mut [Group],
     floors: Floors,
 ) -> Option<Ranking> {
     const BELOW: u32 = u32::MAX;
-    let (mut groups, mut total) = (0usize, 0u32);
+    ending[0] = BELOW;
+    let (mut count_groups, mut total) = (0usize, 0u32);
     let mut previous: Option<(f64, u32)> = None;
     for (w, &word) in lengths.iter().enumerate().rev() {
         let mut bits = word;
@@ -260,12 +261,16 @@ fn order_by_run(
                 Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
                 Some(p) if ranks_after(p, key) => return None,
                 _ => {
-                    *cursors.get_mut(groups)? = total;
-                    groups += 1;
+                    *groups.get_mut(count_groups)? = Group {
+                        next: total,
+                        matched_tokens: key.1,
+                        score: key.0,
+                    };
+                    count_groups += 1;
                     previous = Some(key);
                 }
             }
-            ending[m] = (groups - 1) as u32;
+            ending[m] = (count_groups - 1) as u32;
             total += count;
         }
     }
@@ -279,24 +284,37 @@ fn order_by_run(
         matched_blocks: 0,
     };
     let mut rows = vec![empty; total as usize];
+    // A member's row is its group's, at the group's next place. `BELOW` is no
+    // group, so one lookup both finds the group and skips the rowless.
     for (member, &m) in runs.iter().enumerate() {
-        let m = m as usize;
-        if m == 0 || ending[m] == BELOW {
+        let Some(group) = ending
+            .get(m as usize)
+            .and_then(|&g| groups.get_mut(g as usize))
+        else {
             continue;
-        }
-        let cursor = &mut cursors[ending[m] as usize];
-        rows[*cursor as usize] = Row {
-            member,
-            score: scores[m],
-            matched_tokens: clamp_u32(tokens[m]),
-            matched_blocks: m as u32,
         };
-        *cursor += 1;
+        if let Some(row) = rows.get_mut(group.next as usize) {
+            *row = Row {
+                member,
+                score: group.score,
+                matched_tokens: group.matched_tokens,
+                matched_blocks: m,
+            };
+        }
+        group.next += 1;
     }
     if rows[0].score < floors.routing_floor_score {
         return Some(Ranking::BelowFloor);
     }
     Some(Ranking::Prefix(rows))
+}
+
+/// A group of equal keys: its next free row and the key.
+#[derive(Clone, Copy, Debug, Default)]
+struct Group {
+    next: u32,
+    matched_tokens: u32,
+    score: f64,
 }
 
 /// Rows in member order, lower tiers' discount applied, then [`finish`].
@@ -540,14 +558,14 @@ mod tests {
         ) {
             let floors = Floors { minimum_matched_tokens, routing_floor_score };
             let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
-            let (mut ending, mut cursors) = (vec![0u32; len], vec![0u32; len]);
+            let (mut ending, mut groups) = (vec![0u32; len], vec![Group::default(); len]);
             let mut lengths = vec![0u64; len.div_ceil(64)];
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             histogram(&runs, &mut ending, &mut lengths);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
             let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
             let placed =
-                order_by_run(&runs, &lengths, &scores, &tokens, &mut ending, &mut cursors, floors);
+                order_by_run(&runs, &lengths, &scores, &tokens, &mut ending, &mut groups, floors);
             proptest::prop_assert_eq!(placed, Some(sorted));
         }
 
@@ -582,7 +600,7 @@ mod tests {
     fn placing_by_run_length_falls_back_when_a_shorter_run_scores_more() {
         // Not reachable from prefix sums (they never decrease), but the placement
         // must not guess: the caller sorts instead.
-        let (mut ending, mut cursors) = (vec![0, 1, 1], vec![0; 3]);
+        let (mut ending, mut groups) = (vec![0, 1, 1], vec![Group::default(); 3]);
         let (scores, tokens) = ([0.0, 2.0, 1.0], [0, 16, 32]);
         let lengths = [0b110];
         let placed = order_by_run(
@@ -591,7 +609,7 @@ mod tests {
             &scores,
             &tokens,
             &mut ending,
-            &mut cursors,
+            &mut groups,
             OPEN,
         );
         assert_eq!(placed, None);
