@@ -274,18 +274,25 @@ fn order_by_run(
             total += count;
         }
     }
-    if total == 0 {
+    // The best row's score is the first group's: a ranking under the score
+    // floor needs no rows (a prefix every replica holds scores 0).
+    if total == 0 || groups[0].score < floors.routing_floor_score {
         return Some(Ranking::BelowFloor);
     }
+    Some(Ranking::Prefix(place(runs, ending, groups, total as usize)))
+}
+
+/// The rows, each member's its group's at the group's next place. A group
+/// index past the groups (`BELOW`) is no row, so one lookup both finds the
+/// group and skips the rowless.
+fn place(runs: &[u32], ending: &[u32], groups: &mut [Group], total: usize) -> Vec<Row> {
     let empty = Row {
         member: 0,
         score: 0.0,
         matched_tokens: 0,
         matched_blocks: 0,
     };
-    let mut rows = vec![empty; total as usize];
-    // A member's row is its group's, at the group's next place. `BELOW` is no
-    // group, so one lookup both finds the group and skips the rowless.
+    let mut rows = vec![empty; total];
     for (member, &m) in runs.iter().enumerate() {
         let Some(group) = ending
             .get(m as usize)
@@ -303,10 +310,7 @@ fn order_by_run(
         }
         group.next += 1;
     }
-    if rows[0].score < floors.routing_floor_score {
-        return Some(Ranking::BelowFloor);
-    }
-    Some(Ranking::Prefix(rows))
+    rows
 }
 
 /// A group of equal keys: its next free row and the key.
