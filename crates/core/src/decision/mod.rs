@@ -197,8 +197,7 @@ pub fn decide(
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
             let seed = affinity_seed();
-            let members =
-                (0..serving.len()).filter_map(|m| serving.replica(m).map(|r| (r.id_hash, &*r.id)));
+            let members = serving.replicas().map(|r| (r.id_hash, &*r.id));
             match affinity::pick(seed, members) {
                 Some(member) => {
                     let mut rows = vec![Row {

@@ -397,6 +397,12 @@ impl ServingSet {
     pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {
         self.members().get(member).and_then(|&s| self.table.get(s))
     }
+
+    /// The members' replicas in member order: [`Self::replica`] of every
+    /// member, with the member list looked up once instead of per member.
+    pub fn replicas(&self) -> impl Iterator<Item = &ReplicaSlot> {
+        self.members().iter().filter_map(|&s| self.table.get(s))
+    }
 }
 
 #[cfg(test)]
