@@ -140,11 +140,13 @@ const STACK_BLOCKS: usize = 72;
 fn histogram(runs: &[u32], ending: &mut [u32], lengths: &mut [u64]) {
     for &m in runs {
         let m = m as usize;
-        if ending[m] == 0 && m > 0 {
+        ending[m] += 1;
+        // Run 0 is marked too (one test fewer per member) and unmarked below.
+        if ending[m] == 1 {
             lengths[m / 64] |= 1 << (m % 64);
         }
-        ending[m] += 1;
     }
+    lengths[0] &= !1;
 }
 
 /// The prefix sums `scores[i]`, `tokens[i]` of holding the first i blocks, for
