@@ -83,6 +83,21 @@ impl HolderLists {
         self.lists.get(i as usize)
     }
 
+    /// The slot mask of spilled holders when no holder is outside it (no slot
+    /// from 64, no lower tier): two such with one mask hold for the very same
+    /// replicas, though they are different lists (the blocks of a shared
+    /// prefix each have their own). `None` for inline holders.
+    #[inline]
+    pub fn list_mask(&self, holders: Holders) -> Option<u64> {
+        match holders.0 {
+            Holder {
+                slot: SPILLED,
+                refs,
+            } => self.get(refs).filter(|v| v.high == 0).map(|v| v.mask),
+            _ => None,
+        }
+    }
+
     fn get_mut(&mut self, i: u32) -> Option<&mut ManyHolders> {
         self.lists.get_mut(i as usize)
     }
@@ -396,6 +411,29 @@ mod tests {
             "{}",
             std::mem::size_of::<Entry>()
         );
+    }
+
+    #[test]
+    fn a_list_mask_is_given_only_while_it_covers_every_holder() {
+        let mut lists = HolderLists::default();
+        let mut h = Holders::new(1);
+        assert_eq!(lists.list_mask(h), None);
+        h.add(&mut lists, 2);
+        assert_eq!(lists.list_mask(h), Some(0b110));
+        assert_eq!(h.with(&lists).low_mask(), Some(0b110));
+        h.add(&mut lists, 70);
+        assert_eq!(lists.list_mask(h), None);
+        assert_eq!(h.with(&lists).low_mask(), None);
+        h.add(&mut lists, tier_slot(3, Tier::Cpu));
+        h.release(&mut lists, 70);
+        assert_eq!(
+            lists.list_mask(h),
+            None,
+            "a lower-tier holder is outside the mask"
+        );
+        h.remove_all(&mut lists, tier_slot(3, Tier::Cpu));
+        assert_eq!(lists.list_mask(h), Some(0b110));
+        assert_eq!(h.with(&lists).low_mask(), Some(0b110));
     }
 
     #[test]
