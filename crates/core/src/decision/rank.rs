@@ -9,8 +9,11 @@
 /// Tokens per block the score is normalised to.
 const SCORE_BLOCK_TOKENS: f64 = 16.0;
 
-/// One ranked replica (by member index of the serving set).
+/// One ranked replica (by member index of the serving set). `repr(C)`, like
+/// [`super::outcome::ScoredSlot`], whose fields sit where these do: turning the
+/// rows into the decision's in place then rewrites only the slot.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub(crate) struct Row {
     pub member: usize,
     pub score: f64,
