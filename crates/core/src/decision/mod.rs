@@ -197,8 +197,13 @@ pub fn decide(
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
             let seed = affinity_seed();
-            let members = serving.replicas().map(|r| (r.id_hash, &*r.id));
-            match affinity::pick(seed, members) {
+            let pick = match serving.id_hashes() {
+                Some(hashes) => affinity::pick_by_hash(seed, hashes, |m| {
+                    serving.replica(m).map_or("", |r| &*r.id)
+                }),
+                None => affinity::pick(seed, serving.replicas().map(|r| (r.id_hash, &*r.id))),
+            };
+            match pick {
                 Some(member) => {
                     let mut rows = vec![Row {
                         member,

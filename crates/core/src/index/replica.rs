@@ -173,6 +173,8 @@ pub struct ReplicaTable {
 #[derive(Clone, Debug)]
 struct Everyone {
     members: Members,
+    /// The members' id hashes, in member order (the affinity pick's input).
+    id_hashes: Vec<u64>,
     registered_only: Vec<Arc<ReplicaLive>>,
     /// A lower bound of the registered-only members' registration times.
     oldest: OldestRegistration,
@@ -249,6 +251,7 @@ impl ReplicaTable {
     pub(crate) fn seal(&mut self) {
         let mut everyone = Everyone {
             members: Members::for_table(self),
+            id_hashes: Vec::new(),
             registered_only: Vec::new(),
             oldest: OldestRegistration::default(),
         };
@@ -256,8 +259,10 @@ impl ReplicaTable {
             let Some(r) = self.get(slot) else { continue };
             if r.declared.is_some() {
                 everyone.members.push(slot);
+                everyone.id_hashes.push(r.id_hash);
             } else if r.registered.is_some() {
                 everyone.members.push(slot);
+                everyone.id_hashes.push(r.id_hash);
                 everyone.registered_only.push(r.live.clone());
             }
         }
@@ -396,6 +401,15 @@ impl ServingSet {
 
     pub fn replica(&self, member: usize) -> Option<&ReplicaSlot> {
         self.members().get(member).and_then(|&s| self.table.get(s))
+    }
+
+    /// The members' id hashes in member order, when the table has them at hand
+    /// (the unnarrowed set); else `None`, and [`Self::replicas`] has them.
+    pub fn id_hashes(&self) -> Option<&[u64]> {
+        match &self.own {
+            Some(_) => None,
+            None => self.table.everyone.as_ref().map(|e| &e.id_hashes[..]),
+        }
     }
 
     /// The members' replicas in member order: [`Self::replica`] of every
