@@ -6,6 +6,8 @@
 //! a prefix every replica holds (a chat template, a shared system prompt) adds
 //! nothing, so the floors can catch it.
 
+use smallvec::SmallVec;
+
 /// Tokens per block the score is normalised to.
 const SCORE_BLOCK_TOKENS: f64 = 16.0;
 
@@ -67,69 +69,62 @@ pub(crate) fn rank_chain_tiered(
     let len = max_run + 1;
     // Scratch on the stack for chains of up to 71 blocks (plain arrays: a
     // `SmallVec` this size is copied whole when it is built and moved).
+    if lower.is_empty() {
+        let ranked = if len <= STACK_BLOCKS {
+            let mut ending = [0u32; STACK_BLOCKS];
+            let mut lengths = [0u64; STACK_BLOCKS.div_ceil(64)];
+            let (ending, lengths) = (&mut ending[..len], &mut lengths[..len.div_ceil(64)]);
+            rank_by_run(runs, token_counts, floors, ending, lengths)
+        } else {
+            let (ending, lengths) = (&mut vec![0; len], &mut vec![0; len.div_ceil(64)]);
+            rank_by_run(runs, token_counts, floors, ending, lengths)
+        };
+        if let Some(ranking) = ranked {
+            return ranking;
+        }
+        // Not reached (see `order_by_run`): every prefix sum, and the sort.
+    }
     if len <= STACK_BLOCKS {
         let mut ending = [0u32; STACK_BLOCKS];
-        let mut lengths = [0u64; STACK_BLOCKS.div_ceil(64)];
-        let mut groups = [Group::default(); STACK_BLOCKS];
         let mut scores = [0.0f64; STACK_BLOCKS];
         let mut tokens = [0u64; STACK_BLOCKS];
-        let scratch = Scratch {
-            ending: &mut ending[..len],
-            lengths: &mut lengths[..len.div_ceil(64)],
-            groups: &mut groups[..len],
-            scores: &mut scores[..len],
-            tokens: &mut tokens[..len],
-        };
-        rank_with(runs, lower, token_counts, floors, scratch)
+        let (ending, scores, tokens) = (&mut ending[..len], &mut scores[..len], &mut tokens[..len]);
+        rank_sorted(runs, lower, token_counts, floors, ending, scores, tokens)
     } else {
-        let scratch = Scratch {
-            ending: &mut vec![0; len],
-            lengths: &mut vec![0; len.div_ceil(64)],
-            groups: &mut vec![Group::default(); len],
-            scores: &mut vec![0.0; len],
-            tokens: &mut vec![0; len],
-        };
-        rank_with(runs, lower, token_counts, floors, scratch)
+        let (ending, scores, tokens) = (&mut vec![0; len], &mut vec![0.0; len], &mut vec![0; len]);
+        rank_sorted(runs, lower, token_counts, floors, ending, scores, tokens)
     }
 }
 
-/// Zeroed working memory of one ranking, `max_run + 1` entries each.
-struct Scratch<'a> {
-    /// How many members' runs are m blocks long; then m's group.
-    ending: &'a mut [u32],
-    /// The run lengths m > 0 some member has, as a bitset.
-    lengths: &'a mut [u64],
-    /// The groups of equal keys, best first.
-    groups: &'a mut [Group],
-    /// The score and the tokens of holding the first i blocks.
-    scores: &'a mut [f64],
-    tokens: &'a mut [u64],
+/// The ranking when a row's score and tokens depend on its run length alone
+/// (no lower tiers): sums at the run lengths present, then rows placed by
+/// length. `ending` and `lengths` are zeroed scratch of `max_run + 1` entries
+/// (and bits). `None`: the placement declined (see [`order_by_run`]).
+fn rank_by_run(
+    runs: &[u32],
+    token_counts: &[u32],
+    floors: Floors,
+    ending: &mut [u32],
+    lengths: &mut [u64],
+) -> Option<Ranking> {
+    histogram(runs, ending, lengths);
+    let sums = sums_at_lengths(runs.len(), token_counts, lengths, ending);
+    order_by_run(runs, lengths, &sums, ending, floors)
 }
 
-fn rank_with(
+/// Every prefix sum, lower tiers' discount, and the sort. `ending`, `scores`
+/// and `tokens` are zeroed scratch of `max_run + 1` entries.
+fn rank_sorted(
     runs: &[u32],
     lower: &[(usize, u32, f64)],
     token_counts: &[u32],
     floors: Floors,
-    scratch: Scratch<'_>,
+    ending: &mut [u32],
+    scores: &mut [f64],
+    tokens: &mut [u64],
 ) -> Ranking {
-    let Scratch {
-        ending,
-        lengths,
-        groups,
-        scores,
-        tokens,
-    } = scratch;
-    histogram(runs, ending, lengths);
-    if lower.is_empty() {
-        sums_at_lengths(runs.len(), token_counts, lengths, ending, scores, tokens);
-        if let Some(ranking) = order_by_run(runs, lengths, scores, tokens, ending, groups, floors) {
-            return ranking;
-        }
-        // Not reached (see `order_by_run`): every prefix sum, and the sort.
-        ending.fill(0);
-        lengths.fill(0);
-        histogram(runs, ending, lengths);
+    for &m in runs {
+        ending[m as usize] += 1;
     }
     prefix_sums(runs.len(), token_counts, ending, scores, tokens);
     sort_rows(runs, lower, scores, tokens, floors)
@@ -187,18 +182,28 @@ fn prefix_sums(
     tokens[counted + 1..].fill(sum);
 }
 
-/// [`prefix_sums`] at the run lengths in `lengths` only, which is all the
-/// placement reads: the same additions in the same order (so the same bits),
-/// but block by block only between two lengths, where d stays the same, with
-/// no store and no test per block.
+/// The score and the tokens of holding the first m blocks, for one run
+/// length m.
+#[derive(Clone, Copy, Debug)]
+struct Sum {
+    score: f64,
+    tokens: u64,
+}
+
+/// Run lengths a ranking keeps inline (most rankings have a few).
+type PerLength<T> = SmallVec<[T; 16]>;
+
+/// [`prefix_sums`] at the run lengths in `lengths` only, shortest first, which
+/// is all the placement reads: the same additions in the same order (so the
+/// same bits), but block by block only between two lengths, where d stays the
+/// same, with no store and no test per block, and no scratch per block.
 fn sums_at_lengths(
     n: usize,
     token_counts: &[u32],
     lengths: &[u64],
     ending: &[u32],
-    scores: &mut [f64],
-    tokens: &mut [u64],
-) {
+) -> PerLength<Sum> {
+    let mut sums = PerLength::new();
     let inv_n = 1.0 / n as f64;
     let mut holding = n as u32 - ending[0];
     let mut d = 1.0 - f64::from(holding) * inv_n;
@@ -228,12 +233,12 @@ fn sums_at_lengths(
                 sum += u64::from(t);
             }
             summed = summed.max(to);
-            scores[m] = score;
-            tokens[m] = sum;
+            sums.push(Sum { score, tokens: sum });
             holding -= ending[m];
             d = 1.0 - f64::from(holding) * inv_n;
         }
     }
+    sums
 }
 
 /// How many leading blocks have the first block's token count, and that count:
@@ -266,27 +271,31 @@ fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
 /// group's next place, so equal keys keep member (replica-id) order, which is
 /// what the stable sort gives. Overwrites `ending[m]` with m's group (past
 /// the groups for no row: m = 0 or below the token floor).
+///
+/// `sums` are [`sums_at_lengths`]'s, one per length in `lengths`, shortest first.
 fn order_by_run(
     runs: &[u32],
     lengths: &[u64],
-    scores: &[f64],
-    tokens: &[u64],
+    sums: &[Sum],
     ending: &mut [u32],
-    groups: &mut [Group],
     floors: Floors,
 ) -> Option<Ranking> {
     const BELOW: u32 = u32::MAX;
     ending[0] = BELOW;
-    let (mut count_groups, mut total) = (0usize, 0u32);
+    let mut groups: PerLength<Group> = PerLength::new();
+    let mut total = 0u32;
     let mut previous: Option<(f64, u32)> = None;
+    let mut at = sums.len();
     for (w, &word) in lengths.iter().enumerate().rev() {
         let mut bits = word;
         while bits != 0 {
             let top = 63 - bits.leading_zeros() as usize;
             bits &= !(1 << top);
             let m = w * 64 + top;
+            at = at.checked_sub(1)?;
             let count = ending[m];
-            let key = (scores[m], clamp_u32(tokens[m]));
+            let sum = sums.get(at)?;
+            let key = (sum.score, clamp_u32(sum.tokens));
             if key.1 < floors.minimum_matched_tokens {
                 ending[m] = BELOW;
                 continue;
@@ -295,25 +304,30 @@ fn order_by_run(
                 Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
                 Some(p) if ranks_after(p, key) => return None,
                 _ => {
-                    *groups.get_mut(count_groups)? = Group {
+                    groups.push(Group {
                         next: total,
                         matched_tokens: key.1,
                         score: key.0,
-                    };
-                    count_groups += 1;
+                    });
                     previous = Some(key);
                 }
             }
-            ending[m] = (count_groups - 1) as u32;
+            ending[m] = (groups.len() - 1) as u32;
             total += count;
         }
     }
     // The best row's score is the first group's: a ranking under the score
     // floor needs no rows (a prefix every replica holds scores 0).
-    if total == 0 || groups[0].score < floors.routing_floor_score {
+    let best = groups.first().map_or(f64::NEG_INFINITY, |g| g.score);
+    if total == 0 || best < floors.routing_floor_score {
         return Some(Ranking::BelowFloor);
     }
-    Some(Ranking::Prefix(place(runs, ending, groups, total as usize)))
+    Some(Ranking::Prefix(place(
+        runs,
+        ending,
+        &mut groups,
+        total as usize,
+    )))
 }
 
 /// The rows, each member's its group's at the group's next place. A group
@@ -348,7 +362,7 @@ fn place(runs: &[u32], ending: &[u32], groups: &mut [Group], total: usize) -> Ve
 }
 
 /// A group of equal keys: its next free row and the key.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Group {
     next: u32,
     matched_tokens: u32,
@@ -596,14 +610,14 @@ mod tests {
         ) {
             let floors = Floors { minimum_matched_tokens, routing_floor_score };
             let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
-            let (mut ending, mut groups) = (vec![0u32; len], vec![Group::default(); len]);
+            let mut ending = vec![0u32; len];
             let mut lengths = vec![0u64; len.div_ceil(64)];
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             histogram(&runs, &mut ending, &mut lengths);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
             let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
-            let placed =
-                order_by_run(&runs, &lengths, &scores, &tokens, &mut ending, &mut groups, floors);
+            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
+            let placed = order_by_run(&runs, &lengths, &sums, &mut ending, floors);
             proptest::prop_assert_eq!(placed, Some(sorted));
         }
 
@@ -620,8 +634,12 @@ mod tests {
             histogram(&runs, &mut ending, &mut lengths);
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
+            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
             let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
-            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut at_scores, &mut at_tokens);
+            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
+                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
+            }
+            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
             for &m in runs.iter().filter(|&&m| m > 0) {
                 let m = m as usize;
                 proptest::prop_assert!(lengths[m / 64] & (1 << (m % 64)) != 0);
@@ -652,8 +670,12 @@ mod tests {
             histogram(&runs, &mut ending, &mut lengths);
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
+            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
             let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
-            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut at_scores, &mut at_tokens);
+            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
+                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
+            }
+            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
             for &m in runs.iter().filter(|&&m| m > 0) {
                 let m = m as usize;
                 proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
@@ -675,18 +697,18 @@ mod tests {
     fn placing_by_run_length_falls_back_when_a_shorter_run_scores_more() {
         // Not reachable from prefix sums (they never decrease), but the placement
         // must not guess: the caller sorts instead.
-        let (mut ending, mut groups) = (vec![0, 1, 1], vec![Group::default(); 3]);
-        let (scores, tokens) = ([0.0, 2.0, 1.0], [0, 16, 32]);
-        let lengths = [0b110];
-        let placed = order_by_run(
-            &[1, 2],
-            &lengths,
-            &scores,
-            &tokens,
-            &mut ending,
-            &mut groups,
-            OPEN,
-        );
+        let mut ending = vec![0, 1, 1];
+        let sums = [
+            Sum {
+                score: 2.0,
+                tokens: 16,
+            },
+            Sum {
+                score: 1.0,
+                tokens: 32,
+            },
+        ];
+        let placed = order_by_run(&[1, 2], &[0b110], &sums, &mut ending, OPEN);
         assert_eq!(placed, None);
     }
 
