@@ -108,7 +108,8 @@ fn rank_by_run(
     lengths: &mut [u64],
 ) -> Option<Ranking> {
     histogram(runs, ending, lengths);
-    let sums = sums_at_lengths(runs.len(), token_counts, lengths, ending);
+    let mut sums = PerLength::new();
+    sums_at_lengths(runs.len(), token_counts, lengths, ending, &mut sums);
     order_by_run(runs, lengths, &sums, ending, floors)
 }
 
@@ -193,7 +194,8 @@ struct Sum {
 /// Run lengths a ranking keeps inline (most rankings have a few).
 type PerLength<T> = SmallVec<[T; 16]>;
 
-/// [`prefix_sums`] at the run lengths in `lengths` only, shortest first, which
+/// [`prefix_sums`] at the run lengths in `lengths` only, shortest first (filled
+/// in place: returned, the inline vector would be copied), which
 /// is all the placement reads: the same additions in the same order (so the
 /// same bits), but block by block only between two lengths, where d stays the
 /// same, with no store and no test per block, and no scratch per block.
@@ -202,8 +204,8 @@ fn sums_at_lengths(
     token_counts: &[u32],
     lengths: &[u64],
     ending: &[u32],
-) -> PerLength<Sum> {
-    let mut sums = PerLength::new();
+    sums: &mut PerLength<Sum>,
+) {
     let inv_n = 1.0 / n as f64;
     let mut holding = n as u32 - ending[0];
     let mut d = 1.0 - f64::from(holding) * inv_n;
@@ -238,7 +240,6 @@ fn sums_at_lengths(
             d = 1.0 - f64::from(holding) * inv_n;
         }
     }
-    sums
 }
 
 /// How many leading blocks have the first block's token count, and that count:
@@ -616,7 +617,8 @@ mod tests {
             histogram(&runs, &mut ending, &mut lengths);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
             let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
-            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
             let placed = order_by_run(&runs, &lengths, &sums, &mut ending, floors);
             proptest::prop_assert_eq!(placed, Some(sorted));
         }
@@ -634,7 +636,8 @@ mod tests {
             histogram(&runs, &mut ending, &mut lengths);
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
-            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
             let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
             for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
                 (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
@@ -670,7 +673,8 @@ mod tests {
             histogram(&runs, &mut ending, &mut lengths);
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
             prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
-            let sums = sums_at_lengths(runs.len(), &counts, &lengths, &ending);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
             let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
             for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
                 (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
