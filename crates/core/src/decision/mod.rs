@@ -191,7 +191,7 @@ pub fn decide(
                 }
             }
             finish(
-                strategy, reason, revision, rows, serving, load_aware, spilled,
+                strategy, reason, revision, rows, &serving, load_aware, spilled,
             )
         }
         // 9. StrategyNone: affinity or NO_HINT.
@@ -231,7 +231,7 @@ pub fn decide(
                         ReasonCode::AffinityHint,
                         revision,
                         rows,
-                        serving,
+                        &serving,
                         load_aware,
                         spilled,
                     )
@@ -301,10 +301,11 @@ fn finish(
     reason: ReasonCode,
     revision: &std::sync::Arc<str>,
     rows: Vec<Row>,
-    serving: ServingSet,
+    serving: &ServingSet,
     load_aware: bool,
     spilled: Option<Spill>,
 ) -> Decision {
+    // (By reference: the serving set is 176 bytes, copied whole when moved.)
     // Same size and alignment: `collect` reuses the ranker's allocation.
     let members = serving.members();
     let spilled_from = spilled.map(|sp| members[sp.from]);
@@ -317,6 +318,6 @@ fn finish(
             matched_blocks: r.matched_blocks,
         })
         .collect();
-    Decision::with_rows(strategy, reason, revision, slots, serving.table)
+    Decision::with_rows(strategy, reason, revision, slots, serving.table.clone())
         .with_load(load_aware, spilled_from)
 }
