@@ -104,13 +104,22 @@ pub fn decide(
             Err(_) => return none(ReasonCode::Timeout),
         }
     } else if chain.is_present() {
-        match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
-            Ok(mut runs) => {
+        // The runs in a stack buffer for up to 32 replicas, filled in place.
+        let (mut inline, mut spilled) = ([0u32; 32], Vec::new());
+        let runs: &mut [u32] = match inline.get_mut(..serving.len()) {
+            Some(runs) => runs,
+            None => {
+                spilled.resize(serving.len(), 0);
+                &mut spilled
+            }
+        };
+        match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline, &mut *runs) {
+            Ok(()) => {
                 if load_aware {
                     let pending = &scope_index.pending;
-                    pending.extend_runs(chain.hashes, serving.members(), &mut runs, now);
+                    pending.extend_runs(chain.hashes, serving.members(), runs, now);
                 }
-                rank::rank_chain(&runs, chain.token_counts, floors)
+                rank::rank_chain(runs, chain.token_counts, floors)
             }
             Err(_) => return none(ReasonCode::Timeout),
         }
