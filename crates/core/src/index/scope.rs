@@ -621,7 +621,12 @@ impl ScopeIndex {
         if words == 1 {
             let mut slot_runs = [0u32; 64];
             walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
-            member_runs(members, &slot_runs, runs);
+            // One word of slot bits: the table has at most 64 slots, so every
+            // member's slot indexes the array as it is (no bounds test).
+            debug_assert!(members.iter().all(|&slot| slot < 64));
+            for (r, &slot) in runs.iter_mut().zip(members) {
+                *r = slot_runs[slot as usize % 64];
+            }
         } else {
             let mut slot_runs = vec![0u32; words * 64];
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
