@@ -85,12 +85,20 @@ impl Router {
 
     /// One LookupRoute decision.
     pub fn lookup(&self, req: &LookupRequest<'_>, now: Timestamp) -> Decision {
+        // The request as sent is passed on as it is (not copied).
         let keys = Self::identity_keys(req);
-        let req = keys.as_deref().map_or(*req, |k| LookupRequest {
-            block_hashes: k,
-            ..*req
-        });
-        decision::decide(&self.index, &self.snapshot.load(), &req, now)
+        let keyed;
+        let req = match keys.as_deref() {
+            None => req,
+            Some(k) => {
+                keyed = LookupRequest {
+                    block_hashes: k,
+                    ..*req
+                };
+                &keyed
+            }
+        };
+        decision::decide(&self.index, &self.snapshot.load(), req, now)
     }
 
     /// The chain as the index holds it when the request names an adapter or salt

@@ -30,6 +30,28 @@ pub fn pick<'a>(seed: u64, replicas: impl Iterator<Item = (u64, &'a str)>) -> Op
     best.map(|(_, _, i)| i)
 }
 
+/// [`pick`] over the replicas' id hashes in member order, the id looked up
+/// (`id_of(index)`) only to break a tie: the same answer without reading every
+/// replica's row.
+pub fn pick_by_hash<'a>(
+    seed: u64,
+    hashes: &[u64],
+    id_of: impl Fn(usize) -> &'a str,
+) -> Option<usize> {
+    let mut best: Option<(u64, usize)> = None;
+    for (i, &hash) in hashes.iter().enumerate() {
+        let w = weight(seed, hash);
+        let better = match best {
+            None => true,
+            Some((bw, b)) => w > bw || (w == bw && id_of(i) < id_of(b)),
+        };
+        if better {
+            best = Some((w, i));
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +76,22 @@ mod tests {
     fn empty_set_has_no_pick() {
         assert_eq!(pick(1, std::iter::empty()), None);
         let _ = ReplicaTable::default();
+    }
+
+    proptest! {
+        /// The hash-slice pick answers as the pick over (hash, id) pairs, ties
+        /// included (a few hashes repeated under different ids).
+        #[test]
+        fn the_pick_by_hash_equals_the_pick(
+            seed in any::<u64>(),
+            members in proptest::collection::vec((0u64..4, 0u8..6), 0..12),
+        ) {
+            let ids: Vec<String> = members.iter().map(|(_, id)| format!("r{id}")).collect();
+            let hashes: Vec<u64> = members.iter().map(|(h, _)| *h).collect();
+            let want = pick(seed, hashes.iter().copied().zip(ids.iter().map(String::as_str)));
+            let got = pick_by_hash(seed, &hashes, |i| ids[i].as_str());
+            prop_assert_eq!(got, want);
+        }
     }
 
     #[test]

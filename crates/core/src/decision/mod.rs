@@ -109,13 +109,21 @@ pub fn decide(
             Err(_) => return none(ReasonCode::Timeout),
         }
     } else if chain.is_present() {
-        match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline) {
-            Ok(mut runs) => {
+        // The runs in a stack buffer for up to 32 replicas, filled in place.
+        let (mut inline, mut spilled) = ([0u32; 32], Vec::new());
+        let runs: &mut [u32] = match inline.get_mut(..serving.len()) {
+            Some(runs) => runs,
+            None => {
+                spilled.resize(serving.len(), 0);
+                &mut spilled
+            }
+        };
+        match scope_index.match_chain(chain.hashes, &serving, now, ttl, deadline, &mut *runs) {
+            Ok(()) => {
                 if load_aware {
-                    riding =
-                        extend_by_pending(&scope_index.pending, &chain, &serving, &mut runs, now);
+                    riding = extend_by_pending(&scope_index.pending, &chain, &serving, runs, now);
                 }
-                rank::rank_chain(&runs, chain.token_counts, floors)
+                rank::rank_chain(runs, chain.token_counts, floors)
             }
             Err(_) => return none(ReasonCode::Timeout),
         }
@@ -197,15 +205,19 @@ pub fn decide(
                 }
             }
             finish(
-                strategy, reason, revision, rows, serving, load_aware, spilled,
+                strategy, reason, revision, rows, &serving, load_aware, spilled,
             )
         }
         // 9. StrategyNone: affinity or NO_HINT.
         None if affinity && has_seed && !serving.is_empty() => {
             let seed = affinity_seed();
-            let members =
-                (0..serving.len()).filter_map(|m| serving.replica(m).map(|r| (r.id_hash, &*r.id)));
-            match affinity::pick(seed, members) {
+            let pick = match serving.id_hashes() {
+                Some(hashes) => affinity::pick_by_hash(seed, hashes, |m| {
+                    serving.replica(m).map_or("", |r| &*r.id)
+                }),
+                None => affinity::pick(seed, serving.replicas().map(|r| (r.id_hash, &*r.id))),
+            };
+            match pick {
                 Some(member) => {
                     let mut rows = vec![Row {
                         member,
@@ -234,7 +246,7 @@ pub fn decide(
                         ReasonCode::AffinityHint,
                         revision,
                         rows,
-                        serving,
+                        &serving,
                         load_aware,
                         spilled,
                     )
@@ -332,10 +344,11 @@ fn finish(
     reason: ReasonCode,
     revision: &std::sync::Arc<str>,
     rows: Vec<Row>,
-    serving: ServingSet,
+    serving: &ServingSet,
     load_aware: bool,
     spilled: Option<Spill>,
 ) -> Decision {
+    // (By reference: the serving set is 176 bytes, copied whole when moved.)
     // Same size and alignment: `collect` reuses the ranker's allocation.
     let members = serving.members();
     let spilled_from = spilled.map(|sp| members[sp.from]);
@@ -348,6 +361,6 @@ fn finish(
             matched_blocks: r.matched_blocks,
         })
         .collect();
-    Decision::with_rows(strategy, reason, revision, slots, serving.table)
+    Decision::with_rows(strategy, reason, revision, slots, serving.table.clone())
         .with_load(load_aware, spilled_from)
 }

@@ -71,7 +71,9 @@ pub struct ReplicaScore<'a> {
 }
 
 /// A ranked row: the replica's slot in the scope's table and its figures.
+/// `repr(C)` with the ranker's `Row` layout (the slot where its member is).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub(crate) struct ScoredSlot {
     pub slot: u32,
     pub score: f64,

@@ -6,11 +6,16 @@
 //! a prefix every replica holds (a chat template, a shared system prompt) adds
 //! nothing, so the floors can catch it.
 
+use smallvec::SmallVec;
+
 /// Tokens per block the score is normalised to.
 const SCORE_BLOCK_TOKENS: f64 = 16.0;
 
-/// One ranked replica (by member index of the serving set).
+/// One ranked replica (by member index of the serving set). `repr(C)`, like
+/// [`super::outcome::ScoredSlot`], whose fields sit where these do: turning the
+/// rows into the decision's in place then rewrites only the slot.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub(crate) struct Row {
     pub member: usize,
     pub score: f64,
@@ -64,82 +69,98 @@ pub(crate) fn rank_chain_tiered(
     let len = max_run + 1;
     // Scratch on the stack for chains of up to 71 blocks (plain arrays: a
     // `SmallVec` this size is copied whole when it is built and moved).
+    if lower.is_empty() {
+        let ranked = if len <= STACK_BLOCKS {
+            let mut ending = [0u32; STACK_BLOCKS];
+            let mut lengths = [0u64; STACK_BLOCKS.div_ceil(64)];
+            let (ending, lengths) = (&mut ending[..len], &mut lengths[..len.div_ceil(64)]);
+            rank_by_run(runs, token_counts, floors, ending, lengths)
+        } else {
+            let (ending, lengths) = (&mut vec![0; len], &mut vec![0; len.div_ceil(64)]);
+            rank_by_run(runs, token_counts, floors, ending, lengths)
+        };
+        if let Some(ranking) = ranked {
+            return ranking;
+        }
+        // Not reached (see `order_by_run`): every prefix sum, and the sort.
+    }
     if len <= STACK_BLOCKS {
         let mut ending = [0u32; STACK_BLOCKS];
-        let mut cursors = [0u32; STACK_BLOCKS];
         let mut scores = [0.0f64; STACK_BLOCKS];
         let mut tokens = [0u64; STACK_BLOCKS];
-        let scratch = Scratch {
-            ending: &mut ending[..len],
-            cursors: &mut cursors[..len],
-            scores: &mut scores[..len],
-            tokens: &mut tokens[..len],
-        };
-        rank_with(runs, lower, token_counts, floors, scratch)
+        let (ending, scores, tokens) = (&mut ending[..len], &mut scores[..len], &mut tokens[..len]);
+        rank_sorted(runs, lower, token_counts, floors, ending, scores, tokens)
     } else {
-        let scratch = Scratch {
-            ending: &mut vec![0; len],
-            cursors: &mut vec![0; len],
-            scores: &mut vec![0.0; len],
-            tokens: &mut vec![0; len],
-        };
-        rank_with(runs, lower, token_counts, floors, scratch)
+        let (ending, scores, tokens) = (&mut vec![0; len], &mut vec![0.0; len], &mut vec![0; len]);
+        rank_sorted(runs, lower, token_counts, floors, ending, scores, tokens)
     }
 }
 
-/// Zeroed working memory of one ranking, `max_run + 1` entries each.
-struct Scratch<'a> {
-    /// How many members' runs are m blocks long; then m's group.
-    ending: &'a mut [u32],
-    /// Each group's next free row.
-    cursors: &'a mut [u32],
-    /// The score and the tokens of holding the first i blocks.
-    scores: &'a mut [f64],
-    tokens: &'a mut [u64],
+/// The ranking when a row's score and tokens depend on its run length alone
+/// (no lower tiers): sums at the run lengths present, then rows placed by
+/// length. `ending` and `lengths` are zeroed scratch of `max_run + 1` entries
+/// (and bits). `None`: the placement declined (see [`order_by_run`]).
+fn rank_by_run(
+    runs: &[u32],
+    token_counts: &[u32],
+    floors: Floors,
+    ending: &mut [u32],
+    lengths: &mut [u64],
+) -> Option<Ranking> {
+    histogram(runs, ending, lengths);
+    let mut sums = PerLength::new();
+    sums_at_lengths(runs.len(), token_counts, lengths, ending, &mut sums);
+    order_by_run(runs, lengths, &sums, ending, floors)
 }
 
-fn rank_with(
+/// Every prefix sum, lower tiers' discount, and the sort. `ending`, `scores`
+/// and `tokens` are zeroed scratch of `max_run + 1` entries.
+fn rank_sorted(
     runs: &[u32],
     lower: &[(usize, u32, f64)],
     token_counts: &[u32],
     floors: Floors,
-    scratch: Scratch<'_>,
+    ending: &mut [u32],
+    scores: &mut [f64],
+    tokens: &mut [u64],
 ) -> Ranking {
-    let Scratch {
-        ending,
-        cursors,
-        scores,
-        tokens,
-    } = scratch;
-    prefix_sums(runs, token_counts, ending, scores, tokens);
-    if lower.is_empty()
-        && let Some(ranking) = order_by_run(runs, scores, tokens, ending, cursors, floors)
-    {
-        return ranking;
+    for &m in runs {
+        ending[m as usize] += 1;
     }
+    prefix_sums(runs.len(), token_counts, ending, scores, tokens);
     sort_rows(runs, lower, scores, tokens, floors)
 }
 
 /// Blocks of ranking scratch kept on the stack.
 const STACK_BLOCKS: usize = 72;
 
-/// Fills `ending[m]` (how many members' runs are m blocks long) and the prefix
-/// sums `scores[i]`, `tokens[i]` of holding the first i blocks.
+/// Fills `ending[m]` (how many members' runs are m blocks long) and marks
+/// every length m > 0 in `lengths`.
+fn histogram(runs: &[u32], ending: &mut [u32], lengths: &mut [u64]) {
+    for &m in runs {
+        let m = m as usize;
+        ending[m] += 1;
+        // Run 0 is marked too (one test fewer per member) and unmarked below.
+        if ending[m] == 1 {
+            lengths[m / 64] |= 1 << (m % 64);
+        }
+    }
+    lengths[0] &= !1;
+}
+
+/// The prefix sums `scores[i]`, `tokens[i]` of holding the first i blocks, for
+/// every i (the tiered ranking subtracts per block). `ending` is the histogram.
 fn prefix_sums(
-    runs: &[u32],
+    n: usize,
     token_counts: &[u32],
-    ending: &mut [u32],
+    ending: &[u32],
     scores: &mut [f64],
     tokens: &mut [u64],
 ) {
-    // holders_through[i] = h_i, from a histogram of run lengths.
-    for &m in runs {
-        ending[m as usize] += 1;
-    }
     // One pass over the blocks; d changes only where a run ends. Zipped slices
     // keep the loop free of per-item checks.
-    let inv_n = 1.0 / runs.len() as f64;
-    let mut holding = runs.len() as u32 - ending[0];
+    let inv_n = 1.0 / n as f64;
+    let mut holding = n as u32 - ending[0];
     let mut d = 1.0 - f64::from(holding) * inv_n;
     let (mut score, mut sum) = (0.0f64, 0u64);
     let counted = token_counts.len().min(ending.len() - 1);
@@ -162,6 +183,82 @@ fn prefix_sums(
     tokens[counted + 1..].fill(sum);
 }
 
+/// The score and the tokens of holding the first m blocks, for one run
+/// length m.
+#[derive(Clone, Copy, Debug)]
+struct Sum {
+    score: f64,
+    tokens: u64,
+}
+
+/// Run lengths a ranking keeps inline (most rankings have a few).
+type PerLength<T> = SmallVec<[T; 16]>;
+
+/// [`prefix_sums`] at the run lengths in `lengths` only, shortest first (filled
+/// in place: returned, the inline vector would be copied), which
+/// is all the placement reads: the same additions in the same order (so the
+/// same bits), but block by block only between two lengths, where d stays the
+/// same, with no store and no test per block, and no scratch per block.
+fn sums_at_lengths(
+    n: usize,
+    token_counts: &[u32],
+    lengths: &[u64],
+    ending: &[u32],
+    sums: &mut PerLength<Sum>,
+) {
+    let inv_n = 1.0 / n as f64;
+    let mut holding = n as u32 - ending[0];
+    let mut d = 1.0 - f64::from(holding) * inv_n;
+    let (mut score, mut sum) = (0.0f64, 0u64);
+    let mut summed = 0usize;
+    let (uniform, first) = uniform_prefix(token_counts);
+    for (w, &word) in lengths.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let m = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            // Blocks past the request's counts (a malformed request) add nothing.
+            let to = m.min(token_counts.len());
+            // Where every block has the first's count, each adds the same
+            // product: computed once, added block by block as before.
+            let same = to.min(uniform).max(summed);
+            if same > summed {
+                let each = (f64::from(first) / SCORE_BLOCK_TOKENS) * d;
+                for _ in summed..same {
+                    score += each;
+                }
+                sum += u64::from(first) * (same - summed) as u64;
+                summed = same;
+            }
+            for &t in token_counts.get(summed..to).unwrap_or_default() {
+                score += (f64::from(t) / SCORE_BLOCK_TOKENS) * d;
+                sum += u64::from(t);
+            }
+            summed = summed.max(to);
+            sums.push(Sum { score, tokens: sum });
+            holding -= ending[m];
+            d = 1.0 - f64::from(holding) * inv_n;
+        }
+    }
+}
+
+/// How many leading blocks have the first block's token count, and that count:
+/// all of them or all but the last (a request's last block is often partial),
+/// else only the first. One pass without an early exit, which vectorises.
+fn uniform_prefix(token_counts: &[u32]) -> (usize, u32) {
+    let Some((&first, rest)) = token_counts.split_first() else {
+        return (0, 0);
+    };
+    let body = &rest[..rest.len().saturating_sub(1)];
+    if body.iter().fold(0, |acc, &t| acc | (t ^ first)) != 0 {
+        return (1, first);
+    }
+    match rest.last() {
+        Some(&last) if last != first => (token_counts.len() - 1, first),
+        _ => (token_counts.len(), first),
+    }
+}
+
 /// Whether `a` ranks after `b`: score desc, then matched tokens desc.
 fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
     b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)).is_gt()
@@ -173,68 +270,104 @@ fn ranks_after(a: (f64, u32), b: (f64, u32)) -> bool {
 /// prefix sums never decrease; `None` if they do, and the caller sorts), equal
 /// keys form one group, and each member's row is written straight into its
 /// group's next place, so equal keys keep member (replica-id) order, which is
-/// what the stable sort gives. Overwrites `ending[m]` with m's group.
+/// what the stable sort gives. Overwrites `ending[m]` with m's group (past
+/// the groups for no row: m = 0 or below the token floor).
+///
+/// `sums` are [`sums_at_lengths`]'s, one per length in `lengths`, shortest first.
 fn order_by_run(
     runs: &[u32],
-    scores: &[f64],
-    tokens: &[u64],
+    lengths: &[u64],
+    sums: &[Sum],
     ending: &mut [u32],
-    cursors: &mut [u32],
     floors: Floors,
 ) -> Option<Ranking> {
     const BELOW: u32 = u32::MAX;
-    let (mut groups, mut total) = (0usize, 0u32);
+    ending[0] = BELOW;
+    let mut groups: PerLength<Group> = PerLength::new();
+    let mut total = 0u32;
     let mut previous: Option<(f64, u32)> = None;
-    for m in (1..ending.len()).rev() {
-        let count = ending[m];
-        if count == 0 {
-            continue;
-        }
-        let key = (scores[m], clamp_u32(tokens[m]));
-        if key.1 < floors.minimum_matched_tokens {
-            ending[m] = BELOW;
-            continue;
-        }
-        match previous {
-            Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
-            Some(p) if ranks_after(p, key) => return None,
-            _ => {
-                *cursors.get_mut(groups)? = total;
-                groups += 1;
-                previous = Some(key);
+    let mut at = sums.len();
+    for (w, &word) in lengths.iter().enumerate().rev() {
+        let mut bits = word;
+        while bits != 0 {
+            let top = 63 - bits.leading_zeros() as usize;
+            bits &= !(1 << top);
+            let m = w * 64 + top;
+            at = at.checked_sub(1)?;
+            let count = ending[m];
+            let sum = sums.get(at)?;
+            let key = (sum.score, clamp_u32(sum.tokens));
+            if key.1 < floors.minimum_matched_tokens {
+                ending[m] = BELOW;
+                continue;
             }
+            match previous {
+                Some(p) if p.0.total_cmp(&key.0).is_eq() && p.1 == key.1 => {}
+                Some(p) if ranks_after(p, key) => return None,
+                _ => {
+                    groups.push(Group {
+                        next: total,
+                        matched_tokens: key.1,
+                        score: key.0,
+                    });
+                    previous = Some(key);
+                }
+            }
+            ending[m] = (groups.len() - 1) as u32;
+            total += count;
         }
-        ending[m] = (groups - 1) as u32;
-        total += count;
     }
-    if total == 0 {
+    // The best row's score is the first group's: a ranking under the score
+    // floor needs no rows (a prefix every replica holds scores 0).
+    let best = groups.first().map_or(f64::NEG_INFINITY, |g| g.score);
+    if total == 0 || best < floors.routing_floor_score {
         return Some(Ranking::BelowFloor);
     }
+    Some(Ranking::Prefix(place(
+        runs,
+        ending,
+        &mut groups,
+        total as usize,
+    )))
+}
+
+/// The rows, each member's its group's at the group's next place. A group
+/// index past the groups (`BELOW`) is no row, so one lookup both finds the
+/// group and skips the rowless.
+fn place(runs: &[u32], ending: &[u32], groups: &mut [Group], total: usize) -> Vec<Row> {
     let empty = Row {
         member: 0,
         score: 0.0,
         matched_tokens: 0,
         matched_blocks: 0,
     };
-    let mut rows = vec![empty; total as usize];
+    let mut rows = vec![empty; total];
     for (member, &m) in runs.iter().enumerate() {
-        let m = m as usize;
-        if m == 0 || ending[m] == BELOW {
+        let Some(group) = ending
+            .get(m as usize)
+            .and_then(|&g| groups.get_mut(g as usize))
+        else {
             continue;
-        }
-        let cursor = &mut cursors[ending[m] as usize];
-        rows[*cursor as usize] = Row {
-            member,
-            score: scores[m],
-            matched_tokens: clamp_u32(tokens[m]),
-            matched_blocks: m as u32,
         };
-        *cursor += 1;
+        if let Some(row) = rows.get_mut(group.next as usize) {
+            *row = Row {
+                member,
+                score: group.score,
+                matched_tokens: group.matched_tokens,
+                matched_blocks: m,
+            };
+        }
+        group.next += 1;
     }
-    if rows[0].score < floors.routing_floor_score {
-        return Some(Ranking::BelowFloor);
-    }
-    Some(Ranking::Prefix(rows))
+    rows
+}
+
+/// A group of equal keys: its next free row and the key.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    next: u32,
+    matched_tokens: u32,
+    score: f64,
 }
 
 /// Rows in member order, lower tiers' discount applied, then [`finish`].
@@ -478,12 +611,89 @@ mod tests {
         ) {
             let floors = Floors { minimum_matched_tokens, routing_floor_score };
             let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
-            let (mut ending, mut cursors) = (vec![0u32; len], vec![0u32; len]);
+            let mut ending = vec![0u32; len];
+            let mut lengths = vec![0u64; len.div_ceil(64)];
             let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
-            prefix_sums(&runs, &counts, &mut ending, &mut scores, &mut tokens);
+            histogram(&runs, &mut ending, &mut lengths);
+            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
             let sorted = sort_rows(&runs, &[], &scores, &tokens, floors);
-            let placed = order_by_run(&runs, &scores, &tokens, &mut ending, &mut cursors, floors);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
+            let placed = order_by_run(&runs, &lengths, &sums, &mut ending, floors);
             proptest::prop_assert_eq!(placed, Some(sorted));
+        }
+
+        /// The sums at the run lengths alone are the full prefix sums' there,
+        /// bit for bit, runs past the request's counts and past 64 blocks included.
+        #[test]
+        fn sums_at_the_lengths_equal_the_prefix_sums(
+            runs in proptest::collection::vec(0u32..140, 1..40),
+            counts in proptest::collection::vec(0u32..40, 0..150),
+        ) {
+            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
+            let mut ending = vec![0u32; len];
+            let mut lengths = vec![0u64; len.div_ceil(64)];
+            histogram(&runs, &mut ending, &mut lengths);
+            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
+            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
+            let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
+            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
+                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
+            }
+            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
+            for &m in runs.iter().filter(|&&m| m > 0) {
+                let m = m as usize;
+                proptest::prop_assert!(lengths[m / 64] & (1 << (m % 64)) != 0);
+                proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
+                proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
+            }
+            let marked: u32 = lengths.iter().map(|w| w.count_ones()).sum();
+            let distinct: std::collections::BTreeSet<_> = runs.iter().filter(|&&m| m > 0).collect();
+            proptest::prop_assert_eq!(marked as usize, distinct.len());
+        }
+
+        /// The same where every block has one count, or all but the last (the
+        /// sums' shortcut for those blocks), and against the formula per block.
+        #[test]
+        fn sums_over_uniform_counts_equal_the_prefix_sums(
+            runs in proptest::collection::vec(0u32..100, 1..40),
+            count in 0u32..40,
+            blocks in 0usize..110,
+            last in proptest::option::of(0u32..40),
+        ) {
+            let mut counts = vec![count; blocks];
+            if let Some(last) = last {
+                counts.push(last);
+            }
+            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
+            let mut ending = vec![0u32; len];
+            let mut lengths = vec![0u64; len.div_ceil(64)];
+            histogram(&runs, &mut ending, &mut lengths);
+            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
+            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
+            let mut sums = PerLength::new();
+            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
+            let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
+            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
+                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
+            }
+            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
+            for &m in runs.iter().filter(|&&m| m > 0) {
+                let m = m as usize;
+                proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
+                proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
+            }
+            if runs.iter().any(|&m| m > 0) {
+                let want = reference(&runs, &counts);
+                let got = rows(rank_chain(&runs, &counts, OPEN));
+                proptest::prop_assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    proptest::prop_assert_eq!(g.score.to_bits(), w.score.to_bits());
+                    proptest::prop_assert_eq!((g.member, g.matched_tokens), (w.member, w.matched_tokens));
+                }
+            }
         }
     }
 
@@ -491,9 +701,18 @@ mod tests {
     fn placing_by_run_length_falls_back_when_a_shorter_run_scores_more() {
         // Not reachable from prefix sums (they never decrease), but the placement
         // must not guess: the caller sorts instead.
-        let (mut ending, mut cursors) = (vec![0, 1, 1], vec![0; 3]);
-        let (scores, tokens) = ([0.0, 2.0, 1.0], [0, 16, 32]);
-        let placed = order_by_run(&[1, 2], &scores, &tokens, &mut ending, &mut cursors, OPEN);
+        let mut ending = vec![0, 1, 1];
+        let sums = [
+            Sum {
+                score: 2.0,
+                tokens: 16,
+            },
+            Sum {
+                score: 1.0,
+                tokens: 32,
+            },
+        ];
+        let placed = order_by_run(&[1, 2], &[0b110], &sums, &mut ending, OPEN);
         assert_eq!(placed, None);
     }
 

@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use super::entry::fresh_from;
 use super::lock::Timeout;
 use super::store::{EntryRef, Store};
 
@@ -59,7 +60,7 @@ impl LeadingRuns<'_> {
         // The holders of the block before: a block with the very same holders (most
         // of a run stored by one event) cannot drop anyone, so it needs no mask.
         let mut previous = None;
-        let end = self.store.walk(chain, |i, e| {
+        let visit = |i: usize, e: EntryRef<'_>| {
             if TIMED
                 && i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
                 && self.deadline.is_some_and(|d| Instant::now() >= d)
@@ -94,7 +95,16 @@ impl LeadingRuns<'_> {
                 any |= kept;
             }
             any != 0
-        });
+        };
+        // The untimed walk passes over blocks that repeat the holders before them
+        // (the visit would return at once); the timed one visits every block, for
+        // the deadline checks.
+        let end = if TIMED {
+            self.store.walk(chain, visit)
+        } else {
+            self.store
+                .walk_grouped(chain, fresh_from(self.now, self.ttl), visit)
+        };
         if timed_out {
             return Err(Timeout);
         }

@@ -591,7 +591,8 @@ impl ScopeIndex {
     }
 
     /// For every serving member, the length of the longest leading run of `chain`
-    /// it holds (usable entries only).
+    /// it holds (usable entries only), into `runs` (zeroed, one per member: the
+    /// caller's buffer, so no vector is built and copied out).
     pub(crate) fn match_chain(
         &self,
         chain: &[u64],
@@ -599,9 +600,10 @@ impl ScopeIndex {
         now: u64,
         ttl: u64,
         deadline: Option<Instant>,
-    ) -> Result<SmallVec<[u32; 32]>, Timeout> {
+        runs: &mut [u32],
+    ) -> Result<(), Timeout> {
         if serving.is_empty() || chain.is_empty() {
-            return Ok(SmallVec::from_elem(0, serving.len()));
+            return Ok(());
         }
         let store = self.read_within(deadline)?;
         let words = serving.slot_bits().len();
@@ -619,12 +621,18 @@ impl ScopeIndex {
         if words == 1 {
             let mut slot_runs = [0u32; 64];
             walk.run([0u64; 1], [0u64; 1], chain, &mut slot_runs)?;
-            Ok(member_runs(members, &slot_runs))
+            // One word of slot bits: the table has at most 64 slots, so every
+            // member's slot indexes the array as it is (no bounds test).
+            debug_assert!(members.iter().all(|&slot| slot < 64));
+            for (r, &slot) in runs.iter_mut().zip(members) {
+                *r = slot_runs[slot as usize % 64];
+            }
         } else {
             let mut slot_runs = vec![0u32; words * 64];
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
-            Ok(member_runs(members, &slot_runs))
+            member_runs(members, &slot_runs, runs);
         }
+        Ok(())
     }
 
     pub(crate) fn note_lower_tier(&self) {
@@ -819,16 +827,9 @@ impl ScopeIndex {
 }
 
 /// Each member's run, in member order, from the runs by slot.
-fn member_runs(members: &[u32], slot_runs: &[u32]) -> SmallVec<[u32; 32]> {
-    let run = |slot: u32| slot_runs.get(slot as usize).copied().unwrap_or(0);
-    if members.len() <= 32 {
-        let mut runs = [0u32; 32];
-        for (r, &slot) in runs.iter_mut().zip(members) {
-            *r = run(slot);
-        }
-        SmallVec::from_buf_and_len(runs, members.len())
-    } else {
-        members.iter().map(|&slot| run(slot)).collect()
+fn member_runs(members: &[u32], slot_runs: &[u32], runs: &mut [u32]) {
+    for (r, &slot) in runs.iter_mut().zip(members) {
+        *r = slot_runs.get(slot as usize).copied().unwrap_or(0);
     }
 }
 

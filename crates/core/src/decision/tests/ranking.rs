@@ -459,3 +459,104 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// The same with time: event k comes at k × 30 s and the lookup up to 20
+    /// minutes after the last, so some blocks of a run have aged past evictionTTL
+    /// (10 minutes) and others were refreshed by a later event: a replica's
+    /// matched blocks are its longest leading run of fresh blocks (the walk
+    /// passes over blocks with their predecessor's holders only while fresh).
+    #[test]
+    fn matched_blocks_stop_at_the_first_expired_block(
+        ops in proptest::collection::vec(op(), 1..40),
+        later in 0u64..1200,
+    ) {
+        const IDS: [&str; 5] = ["p0", "p1", "p2", "p3", "p4"];
+        let router = mk_router(open());
+        let mut held: [std::collections::HashMap<u64, u32>; 5] = Default::default();
+        // When each block was last stored (while some replica holds it), in s.
+        let mut stored_at: std::collections::HashMap<u64, u64> = Default::default();
+        for id in IDS {
+            register(&router, acme(), id, t0());
+        }
+        for (k, op) in ops.iter().enumerate() {
+            let secs = k as u64 * 30;
+            let (r, event) = match op {
+                Op::Store(r, from, to) => {
+                    let hashes: Vec<u64> = (*from..=*to).collect();
+                    for h in &hashes {
+                        *held[*r].entry(*h).or_default() += 1;
+                        stored_at.insert(*h, secs);
+                    }
+                    let parent = (*from > 1).then(|| from - 1);
+                    (*r, IndexEvent::Stored { parent, hashes, token_counts: Vec::new() })
+                }
+                Op::Remove(r, hashes) => {
+                    for h in hashes {
+                        if let Some(n) = held[*r].get_mut(h) {
+                            *n -= 1;
+                            if *n == 0 {
+                                held[*r].remove(h);
+                            }
+                        }
+                        if held.iter().all(|m| !m.contains_key(h)) {
+                            stored_at.remove(h);
+                        }
+                    }
+                    (*r, IndexEvent::Removed { hashes: hashes.clone() })
+                }
+            };
+            let id = IDS[r];
+            router
+                .ingest(&IngestBatch { scope: acme(), replica_id: id, endpoint: &endpoint_of(id), events: &[event] }, at(secs))
+                .expect("well-formed batch");
+        }
+        // Half a second past a whole second: no stamp (event time plus a few ns)
+        // sits on the TTL boundary.
+        let secs = ops.len() as u64 * 30 + later;
+        let now = at(secs).plus(Duration::from_millis(500));
+        for id in IDS {
+            register(&router, acme(), id, now);
+        }
+        let chain: Vec<u64> = (1..=12).collect();
+        let d = lookup_at(&router, &req(&chain), now);
+        let got: std::collections::HashMap<String, u32> =
+            rows(&d).into_iter().filter(|r| r.3 > 0).map(|r| (r.0, r.3)).collect();
+        let fresh = |h: &u64| stored_at.get(h).is_some_and(|&s| secs - s < 600);
+        for (r, id) in IDS.iter().enumerate() {
+            let run = chain
+                .iter()
+                .take_while(|h| held[r].contains_key(h) && fresh(h))
+                .count() as u32;
+            let want = (run > 0).then_some(run);
+            proptest::prop_assert_eq!(got.get(*id).copied(), want, "replica {}", id);
+        }
+    }
+}
+
+/// A run whose blocks share one holder but not one stamp: p1 stored and dropped
+/// blocks 1–2 again later, which refreshed them and left p0 their only holder.
+/// When the rest of the run has aged out, p0's match ends at block 2.
+#[test]
+fn a_run_with_one_holder_ends_where_its_blocks_age_out() {
+    let router = mk_router(open());
+    store_at(&router, acme(), "p0", &[1, 2, 3, 4, 5, 6], t0());
+    store_at(&router, acme(), "p1", &[1, 2], at(30));
+    ingest(
+        &router,
+        acme(),
+        "p1",
+        &endpoint_of("p1"),
+        &[IndexEvent::Removed { hashes: vec![1, 2] }],
+        at(60),
+    );
+    let now = at(615);
+    register(&router, acme(), "p0", now);
+    register(&router, acme(), "p1", now);
+    let d = lookup_at(&router, &req(&[1, 2, 3, 4, 5, 6]), now);
+    let matched: Vec<(String, u32)> = rows(&d).into_iter().map(|r| (r.0, r.3)).collect();
+    assert_eq!(matched, [("p0".to_string(), 2)]);
+    // Before block 3 ages out, the whole run.
+    let d = lookup_at(&router, &req(&[1, 2, 3, 4, 5, 6]), at(590));
+    assert_eq!(rows(&d)[0].3, 6);
+}
