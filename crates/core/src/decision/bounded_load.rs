@@ -183,9 +183,20 @@ fn by_prefill(
     let requested = candidates.requested;
     let first_cost = queued(pick.member)
         .saturating_add(requested.saturating_sub(u64::from(pick.matched_tokens)));
-    // No replica costs less than nothing: a pick within the slack always stays
-    // (and the common case reads one replica's atomics).
+    // No replica costs less than nothing, nor less than the request's tokens
+    // beyond the longest match: a pick within the slack of that always stays, and
+    // the common cases (an idle pick holding the best match, an idle affinity
+    // pick) read one replica's atomics, not every replica's.
     if slack == 0 || first_cost <= slack {
+        return None;
+    }
+    let longest = candidates
+        .rows
+        .iter()
+        .map(|r| u64::from(r.matched_tokens))
+        .max()
+        .unwrap_or(0);
+    if first_cost <= requested.saturating_sub(longest).saturating_add(slack) {
         return None;
     }
     let n = serving.len();
