@@ -10,10 +10,11 @@
 //! that walk touches few cache lines). Writers (always under their tenant's writer
 //! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
 //! at a time, and let go after the current block as soon as a lookup waits (see
-//! `lock.rs`); sweeps take it for at most [`SWEEP_BATCH`] keys, and scans (sweep
+//! `lock.rs`); sweeps and clears take it for at most [`SWEEP_BATCH`] keys and let
+//! go the same way when a lookup waits, and scans (sweep
 //! candidates, clears, victim rescans) hold the read lock for at most
 //! [`SCAN_CHUNK`] slots. So a lookup waits behind one block of an event's writing,
-//! a bounded sweep batch, or one scan chunk, whatever the scope's size.
+//! one key of a sweep, or one scan chunk, whatever the scope's size.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -480,11 +481,11 @@ impl ScopeIndex {
             }
         });
         let mut removed = 0u64;
-        for batch in keys.chunks(SWEEP_BATCH) {
-            let mut store = self.write();
-            for key in batch {
+        self.remove_in_turns(
+            &keys,
+            |store, key, _: &mut Vec<()>| {
                 let Some((holders, lists)) = store.holders_mut(key) else {
-                    continue;
+                    return;
                 };
                 let mut held = holders.remove_all(lists, slot);
                 if lower {
@@ -496,11 +497,9 @@ impl ScopeIndex {
                     store.take(key);
                     removed += 1;
                 }
-            }
-            let emptied = store.settle();
-            drop(store);
-            drop(emptied);
-        }
+            },
+            |_| {},
+        );
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
         removed
@@ -531,28 +530,57 @@ impl ScopeIndex {
             }
         });
         let mut evicted = 0u64;
-        for batch in keys.chunks(SWEEP_BATCH) {
-            let mut taken = Vec::new();
-            {
-                let mut store = self.write();
-                for key in batch {
-                    if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
-                        && let Some(h) = store.take(key)
-                    {
-                        taken.push(h);
-                    }
+        self.remove_in_turns(
+            &keys,
+            |store, key, taken| {
+                if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
+                    && let Some(h) = store.take(key)
+                {
+                    taken.push(h);
                 }
-                let emptied = store.settle();
-                drop(store);
-                drop(emptied);
-            }
-            for h in &taken {
-                self.release_holders(h);
-            }
-            evicted += taken.len() as u64;
-        }
+            },
+            |taken| {
+                for h in taken.iter() {
+                    self.release_holders(h);
+                }
+                evicted += taken.len() as u64;
+            },
+        );
         self.sub_entries(evicted);
         evicted
+    }
+
+    /// Applies `step` to each of `keys` under the write lock, at most
+    /// [`SWEEP_BATCH`] keys per hold, and — when the hold came in an opening — lets
+    /// go after the current key as soon as a lookup waits, as event writers do
+    /// (`write_planned`): a sweep or clear of a large scope would otherwise keep
+    /// lookups out for a whole batch (tens of µs). What `step` puts in its vector
+    /// is handed to `between` after each hold, off the lock, then dropped.
+    fn remove_in_turns<H>(
+        &self,
+        keys: &[EntryKey],
+        mut step: impl FnMut(&mut Store, &EntryKey, &mut Vec<H>),
+        mut between: impl FnMut(&[H]),
+    ) {
+        let mut out = Vec::new();
+        let mut j = 0;
+        while j < keys.len() {
+            let (mut store, turn) = self.store.0.write_in_turn();
+            let yielding = turn == Turn::Opening;
+            let stop = keys.len().min(j + SWEEP_BATCH);
+            loop {
+                step(&mut store, &keys[j], &mut out);
+                j += 1;
+                if j == stop || (yielding && self.store.0.readers_waiting()) {
+                    break;
+                }
+            }
+            let emptied = store.settle();
+            drop(store);
+            drop(emptied);
+            between(&out);
+            out.clear();
+        }
     }
 
     /// Visits every entry, [`SCAN_CHUNK`] slots per read-lock hold (sweep
@@ -858,6 +886,31 @@ mod tests {
         scope.store.0.set_waiting(0);
         assert_eq!(live.prefix_count(), 10);
         assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
+    }
+
+    #[test]
+    fn sweeps_and_clears_finish_while_lookups_keep_waiting() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let (a, b) = (ReplicaLive::default(), ReplicaLive::default());
+        // More keys than one batch: the removals take several holds.
+        let n = 3 * SWEEP_BATCH as u64 + 5;
+        let chain: Vec<u64> = (1..=n).map(|i| i << 20 | 3).collect();
+        assert_eq!(scope.insert_blocks(0, &a, None, &chain, |_| 1), n);
+        assert_eq!(scope.insert_blocks(1, &b, None, &chain[..10], |_| 1), 0);
+        // A lookup that keeps waiting: each hold is queued for, then keeps its
+        // whole batch (a hold taken in an opening would let go at once).
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.clear_replica(0, &a), n - 10);
+        scope.store.0.set_waiting(0);
+        assert_eq!(scope.entries(), 10);
+        assert_eq!(
+            scope.read().walk(&chain, |_, e| e.holders().contains(1)),
+            10
+        );
+        scope.store.0.set_waiting(1);
+        assert_eq!(scope.sweep_expired(100, 50), 10);
+        scope.store.0.set_waiting(0);
+        assert_eq!(scope.entries(), 0);
     }
 
     #[test]
