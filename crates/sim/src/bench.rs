@@ -211,29 +211,47 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut sidecars = Vec::new();
     for i in 0..args.sidecars {
-        let (grpc, ingest, admin) = (free_addr()?, free_addr()?, free_addr()?);
-        let mut proc = Proc::spawn(
-            "sidecar",
-            &exe,
-            &[
-                "serve".into(),
-                "--config".into(),
-                policy.display().to_string(),
-                "--grpc-addr".into(),
-                grpc.to_string(),
-                "--ingest-addr".into(),
-                ingest.to_string(),
-                "--admin-addr".into(),
-                admin.to_string(),
-            ],
-            args.out.join(log_name("sidecar", i)),
-        )?;
-        let admin_url = format!("http://{admin}");
-        wait_until("the sidecar", &mut proc, Duration::from_secs(20), || {
-            let (http, url) = (http.clone(), format!("{admin_url}/readyz"));
-            async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
-        })
-        .await?;
+        // A port drawn free can be taken by another process before the sidecar
+        // binds it: on a refused bind, start again on fresh ports.
+        let mut attempt = 0;
+        let (mut proc, grpc, admin_url) = loop {
+            attempt += 1;
+            let (grpc, ingest, admin) = (free_addr()?, free_addr()?, free_addr()?);
+            let log = args.out.join(log_name("sidecar", i));
+            let mut proc = Proc::spawn(
+                "sidecar",
+                &exe,
+                &[
+                    "serve".into(),
+                    "--config".into(),
+                    policy.display().to_string(),
+                    "--grpc-addr".into(),
+                    grpc.to_string(),
+                    "--ingest-addr".into(),
+                    ingest.to_string(),
+                    "--admin-addr".into(),
+                    admin.to_string(),
+                ],
+                log.clone(),
+            )?;
+            let admin_url = format!("http://{admin}");
+            let ready = wait_until("the sidecar", &mut proc, Duration::from_secs(20), || {
+                let (http, url) = (http.clone(), format!("{admin_url}/readyz"));
+                async move { matches!(http.get(&url).await, Ok(r) if r.status.is_success()) }
+            })
+            .await;
+            match ready {
+                Ok(()) => break (proc, grpc, admin_url),
+                Err(e) => {
+                    let refused = std::fs::read_to_string(&log)
+                        .is_ok_and(|l| l.contains("Address already in use"));
+                    if !refused || attempt == 3 {
+                        return Err(e);
+                    }
+                    eprintln!("sidecar: a port was taken before it bound; retrying");
+                }
+            }
+        };
         if args.tokenizer.is_some() {
             wait_for_tokenizers(&http, &mut proc, &admin_url).await?;
         }

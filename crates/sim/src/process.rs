@@ -85,7 +85,14 @@ pub fn find_envoy(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// the kernel's ephemeral range when there is room: a port the OS picks (bind to
 /// 0) comes from that range, where every outgoing connection also takes its source
 /// port, so on a busy host it could be taken again before the listener bound it.
+/// A port is never handed out twice by one process: several are drawn before
+/// the listeners that take them start (a sidecar's three), and two equal draws
+/// would make the second bind fail.
 pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
@@ -96,12 +103,23 @@ pub fn free_addr() -> anyhow::Result<SocketAddr> {
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
             h.write_u64(0);
             let port = low - 10_000 + (h.finish() % 10_000) as u16;
+            if handed.contains(&port) {
+                continue;
+            }
             if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                handed.push(port);
                 return Ok(l.local_addr()?);
             }
         }
     }
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    for _ in 0..100 {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        if !handed.contains(&addr.port()) {
+            handed.push(addr.port());
+            return Ok(addr);
+        }
+    }
+    bail!("no free loopback port found")
 }
 
 /// Retries `probe` every 50 ms until it succeeds, the process dies or `limit` passes.
