@@ -820,6 +820,42 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_is_one_json_line_per_request_in_arrival_order() {
+        let sample = |at_ms: f64, replica: &str, spilled_from: Option<&str>| crate::drive::Sample {
+            at_ms,
+            ttft_ms: 10.0,
+            latency_ms: 20.0,
+            prompt_tokens: 100,
+            cached_tokens: 64,
+            replica: replica.into(),
+            reason: Some("PREFIX_MATCH".into()),
+            predicted_cached: Some(64),
+            spilled_from: spilled_from.map(str::to_string),
+            family: 3,
+        };
+        let dir = std::env::temp_dir().join(format!("ic-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Samples come back in completion order; the trace is in arrival order.
+        let samples = [
+            sample(5.0, "engine-1", Some("engine-0")),
+            sample(1.0, "engine-0", None),
+        ];
+        write_trace(&dir, "rag", Router::InferenceCache, &samples).unwrap();
+        let text = std::fs::read_to_string(dir.join("trace-rag-inferencecache.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["at_ms"], 1.0);
+        assert_eq!(lines[0]["spilled_from"], serde_json::Value::Null);
+        assert_eq!(lines[1]["replica"], "engine-1");
+        assert_eq!(lines[1]["spilled_from"], "engine-0");
+        assert_eq!(lines[1]["cached_tokens"], 64);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_policy_file_names_every_engine_and_parses() {
         let engines = vec![
             Engine {
