@@ -380,7 +380,7 @@ fn main() {
             let cpu = thread_cpu_ns();
             let mut rng = Rng(7);
             let mut n = 0usize;
-            let scope = if std::env::var("IC_BENCH_WRITER_OTHER_SCOPE").is_ok() {
+            let scope = if std::env::var("IC_BENCH_WRITER_OTHER_SCOPE").is_ok_and(|v| v == "1") {
                 ScopeRef::new("other", MODEL, SCHEME)
             } else {
                 scope
