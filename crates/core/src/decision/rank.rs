@@ -599,6 +599,37 @@ mod tests {
         }
     }
 
+    /// The sums at the run lengths alone are the full prefix sums' there, bit for
+    /// bit, and exactly the lengths present are marked.
+    fn sums_at_lengths_match(
+        runs: &[u32],
+        counts: &[u32],
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
+        let mut ending = vec![0u32; len];
+        let mut lengths = vec![0u64; len.div_ceil(64)];
+        histogram(runs, &mut ending, &mut lengths);
+        let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
+        prefix_sums(runs.len(), counts, &ending, &mut scores, &mut tokens);
+        let mut sums = PerLength::new();
+        sums_at_lengths(runs.len(), counts, &lengths, &ending, &mut sums);
+        let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
+        for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
+            (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
+        }
+        proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
+        for &m in runs.iter().filter(|&&m| m > 0) {
+            let m = m as usize;
+            proptest::prop_assert!(lengths[m / 64] & (1 << (m % 64)) != 0);
+            proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
+            proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
+        }
+        let marked: u32 = lengths.iter().map(|w| w.count_ones()).sum();
+        let distinct: std::collections::BTreeSet<_> = runs.iter().filter(|&&m| m > 0).collect();
+        proptest::prop_assert_eq!(marked as usize, distinct.len());
+        Ok(())
+    }
+
     proptest::proptest! {
         /// The counting placement answers (never falls back on real prefix
         /// sums) and equals sorting the rows, floors included.
@@ -630,28 +661,7 @@ mod tests {
             runs in proptest::collection::vec(0u32..140, 1..40),
             counts in proptest::collection::vec(0u32..40, 0..150),
         ) {
-            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
-            let mut ending = vec![0u32; len];
-            let mut lengths = vec![0u64; len.div_ceil(64)];
-            histogram(&runs, &mut ending, &mut lengths);
-            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
-            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
-            let mut sums = PerLength::new();
-            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
-            let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
-            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
-                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
-            }
-            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
-            for &m in runs.iter().filter(|&&m| m > 0) {
-                let m = m as usize;
-                proptest::prop_assert!(lengths[m / 64] & (1 << (m % 64)) != 0);
-                proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
-                proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
-            }
-            let marked: u32 = lengths.iter().map(|w| w.count_ones()).sum();
-            let distinct: std::collections::BTreeSet<_> = runs.iter().filter(|&&m| m > 0).collect();
-            proptest::prop_assert_eq!(marked as usize, distinct.len());
+            sums_at_lengths_match(&runs, &counts)?;
         }
 
         /// The same where every block has one count, or all but the last (the
@@ -667,24 +677,7 @@ mod tests {
             if let Some(last) = last {
                 counts.push(last);
             }
-            let len = *runs.iter().max().unwrap_or(&0) as usize + 1;
-            let mut ending = vec![0u32; len];
-            let mut lengths = vec![0u64; len.div_ceil(64)];
-            histogram(&runs, &mut ending, &mut lengths);
-            let (mut scores, mut tokens) = (vec![0.0; len], vec![0u64; len]);
-            prefix_sums(runs.len(), &counts, &ending, &mut scores, &mut tokens);
-            let mut sums = PerLength::new();
-            sums_at_lengths(runs.len(), &counts, &lengths, &ending, &mut sums);
-            let (mut at_scores, mut at_tokens) = (vec![0.0; len], vec![0u64; len]);
-            for (m, sum) in (1..len).filter(|&m| ending[m] > 0).zip(&sums) {
-                (at_scores[m], at_tokens[m]) = (sum.score, sum.tokens);
-            }
-            proptest::prop_assert_eq!(sums.len(), (1..len).filter(|&m| ending[m] > 0).count());
-            for &m in runs.iter().filter(|&&m| m > 0) {
-                let m = m as usize;
-                proptest::prop_assert_eq!(at_scores[m].to_bits(), scores[m].to_bits(), "m = {}", m);
-                proptest::prop_assert_eq!(at_tokens[m], tokens[m]);
-            }
+            sums_at_lengths_match(&runs, &counts)?;
             if runs.iter().any(|&m| m > 0) {
                 let want = reference(&runs, &counts);
                 let got = rows(rank_chain(&runs, &counts, OPEN));

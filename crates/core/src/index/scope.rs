@@ -316,16 +316,11 @@ impl ScopeIndex {
             let mut j = 0;
             while j < batch.len() {
                 prepare(base + j, &plans[j..]);
-                let (mut store, turn) = self.store.0.write_in_turn();
-                let yielding = turn == Turn::Opening;
                 let stop = batch.len().min(j + WRITE_BATCH);
-                loop {
-                    step(&mut store, base + j, plans[j]);
-                    j += 1;
-                    if j == stop || (yielding && self.store.0.readers_waiting()) {
-                        break;
-                    }
-                }
+                let mut store;
+                (store, j) = self.hold_in_turn(j..stop, |store, j| {
+                    step(store, base + j, plans[j]);
+                });
                 let emptied = store.take_retired();
                 drop(store);
                 drop(emptied);
@@ -550,6 +545,27 @@ impl ScopeIndex {
         evicted
     }
 
+    /// Takes the write lock and applies `step` to the indices of `range` in turn;
+    /// a hold taken in an opening lets go after the current index as soon as a
+    /// lookup waits, one that had to queue does the whole range. Returns the
+    /// lock and the first index not done (`range` is never empty).
+    fn hold_in_turn(
+        &self,
+        range: std::ops::Range<usize>,
+        mut step: impl FnMut(&mut Store, usize),
+    ) -> (RwLockWriteGuard<'_, Store>, usize) {
+        let (mut store, turn) = self.store.0.write_in_turn();
+        let yielding = turn == Turn::Opening;
+        let mut j = range.start;
+        loop {
+            step(&mut store, j);
+            j += 1;
+            if j >= range.end || (yielding && self.store.0.readers_waiting()) {
+                return (store, j);
+            }
+        }
+    }
+
     /// Applies `step` to each of `keys` under the write lock, at most
     /// [`SWEEP_BATCH`] keys per hold, and — when the hold came in an opening — lets
     /// go after the current key as soon as a lookup waits, as event writers do
@@ -565,16 +581,9 @@ impl ScopeIndex {
         let mut out = Vec::new();
         let mut j = 0;
         while j < keys.len() {
-            let (mut store, turn) = self.store.0.write_in_turn();
-            let yielding = turn == Turn::Opening;
             let stop = keys.len().min(j + SWEEP_BATCH);
-            loop {
-                step(&mut store, &keys[j], &mut out);
-                j += 1;
-                if j == stop || (yielding && self.store.0.readers_waiting()) {
-                    break;
-                }
-            }
+            let mut store;
+            (store, j) = self.hold_in_turn(j..stop, |store, j| step(store, &keys[j], &mut out));
             let emptied = store.settle();
             drop(store);
             drop(emptied);

@@ -397,6 +397,46 @@ enum Op {
     Remove(usize, Vec<u64>),
 }
 
+impl Op {
+    /// Applies the op to the model (per replica, block → references) and
+    /// returns the replica and the event that tells the index the same.
+    fn apply(&self, held: &mut [std::collections::HashMap<u64, u32>; 5]) -> (usize, IndexEvent) {
+        match self {
+            Op::Store(r, from, to) => {
+                let hashes: Vec<u64> = (*from..=*to).collect();
+                for h in &hashes {
+                    *held[*r].entry(*h).or_default() += 1;
+                }
+                let parent = (*from > 1).then(|| from - 1);
+                (
+                    *r,
+                    IndexEvent::Stored {
+                        parent,
+                        hashes,
+                        token_counts: Vec::new(),
+                    },
+                )
+            }
+            Op::Remove(r, hashes) => {
+                for h in hashes {
+                    if let Some(n) = held[*r].get_mut(h) {
+                        *n -= 1;
+                        if *n == 0 {
+                            held[*r].remove(h);
+                        }
+                    }
+                }
+                (
+                    *r,
+                    IndexEvent::Removed {
+                        hashes: hashes.clone(),
+                    },
+                )
+            }
+        }
+    }
+}
+
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     use proptest::prelude::*;
     prop_oneof![
@@ -421,27 +461,7 @@ proptest::proptest! {
             register(&router, acme(), id, t0());
         }
         for op in &ops {
-            let (r, event) = match op {
-                Op::Store(r, from, to) => {
-                    let hashes: Vec<u64> = (*from..=*to).collect();
-                    for h in &hashes {
-                        *held[*r].entry(*h).or_default() += 1;
-                    }
-                    let parent = (*from > 1).then(|| from - 1);
-                    (*r, IndexEvent::Stored { parent, hashes, token_counts: Vec::new() })
-                }
-                Op::Remove(r, hashes) => {
-                    for h in hashes {
-                        if let Some(n) = held[*r].get_mut(h) {
-                            *n -= 1;
-                            if *n == 0 {
-                                held[*r].remove(h);
-                            }
-                        }
-                    }
-                    (*r, IndexEvent::Removed { hashes: hashes.clone() })
-                }
-            };
+            let (r, event) = op.apply(&mut held);
             let id = IDS[r];
             router
                 .ingest(&IngestBatch { scope: acme(), replica_id: id, endpoint: &endpoint_of(id), events: &[event] }, t0())
@@ -481,31 +501,21 @@ proptest::proptest! {
         }
         for (k, op) in ops.iter().enumerate() {
             let secs = k as u64 * 30;
-            let (r, event) = match op {
-                Op::Store(r, from, to) => {
-                    let hashes: Vec<u64> = (*from..=*to).collect();
-                    for h in &hashes {
-                        *held[*r].entry(*h).or_default() += 1;
-                        stored_at.insert(*h, secs);
+            let (r, event) = op.apply(&mut held);
+            match op {
+                Op::Store(_, from, to) => {
+                    for h in *from..=*to {
+                        stored_at.insert(h, secs);
                     }
-                    let parent = (*from > 1).then(|| from - 1);
-                    (*r, IndexEvent::Stored { parent, hashes, token_counts: Vec::new() })
                 }
-                Op::Remove(r, hashes) => {
+                Op::Remove(_, hashes) => {
                     for h in hashes {
-                        if let Some(n) = held[*r].get_mut(h) {
-                            *n -= 1;
-                            if *n == 0 {
-                                held[*r].remove(h);
-                            }
-                        }
                         if held.iter().all(|m| !m.contains_key(h)) {
                             stored_at.remove(h);
                         }
                     }
-                    (*r, IndexEvent::Removed { hashes: hashes.clone() })
                 }
-            };
+            }
             let id = IDS[r];
             router
                 .ingest(&IngestBatch { scope: acme(), replica_id: id, endpoint: &endpoint_of(id), events: &[event] }, at(secs))
