@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// driver splits client traffic round-robin across the Envoys.
     #[arg(long, default_value_t = 1)]
     pub sidecars: usize,
+    /// The CacheBackend's engine-metrics scrape interval (`spec.metrics.interval`,
+    /// a Go duration); without it the server's default (1s).
+    #[arg(long, value_name = "DURATION")]
+    pub scrape_interval: Option<String>,
     /// Clients ask for streamed completions: each response's headers come with
     /// its first token (the end of its prefill), its body when it is done. Off:
     /// the headers come with the whole completion, after its decode.
@@ -198,6 +202,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             &tenants,
             args.cache_policy.as_ref(),
             args.tokenizer.as_deref(),
+            args.scrape_interval.as_deref(),
         )?,
     )
     .with_context(|| format!("writing {}", policy.display()))?;
@@ -569,6 +574,7 @@ fn policy_yaml(
     tenants: &[Router],
     cache_policy: Option<&PathBuf>,
     tokenizer: Option<&std::path::Path>,
+    scrape_interval: Option<&str>,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
     for &variant in tenants {
@@ -598,6 +604,9 @@ spec:
                 "  tokenizer: {{ path: {} }}",
                 json!(dir.display().to_string())
             );
+        }
+        if let Some(interval) = scrape_interval {
+            let _ = writeln!(out, "  metrics: {{ interval: {} }}", json!(interval));
         }
         out.push_str("  endpoints:\n");
         for e in engines {
@@ -871,7 +880,7 @@ mod tests {
                 simulated: true,
             },
         ];
-        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None, None).unwrap();
+        let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None, None, None).unwrap();
         let source = inferencecache::adapters::policy_file::Source {
             path: "policy.yaml".into(),
             text: yaml.clone(),
@@ -897,5 +906,18 @@ mod tests {
         );
         assert!(yaml.contains("kvEventsEndpoint: \"tcp://127.0.0.1:4\""));
         assert!(yaml.contains("enableTenantHot: false"));
+        assert!(!yaml.contains("metrics:"), "the server's default interval");
+
+        // `--scrape-interval` sets every backend's `spec.metrics.interval`.
+        let tenants = tenants(&Router::ALL);
+        let yaml = policy_yaml(&engines, &tenants, None, None, Some("250ms")).unwrap();
+        let source = inferencecache::adapters::policy_file::Source {
+            path: "policy.yaml".into(),
+            text: yaml.clone(),
+        };
+        let loaded = inferencecache::adapters::policy_file::parse(&[source]);
+        assert!(loaded.is_ok(), "{yaml}\n{:?}", loaded.err());
+        let set = yaml.matches("  metrics: { interval: \"250ms\" }\n").count();
+        assert_eq!(set, tenants.len(), "{yaml}");
     }
 }
