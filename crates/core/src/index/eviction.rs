@@ -95,11 +95,11 @@ impl VictimCache {
         for scope in scopes {
             scope.scan(|key, e| {
                 let accesses = e.accesses();
-                let order = VictimOrder::new(algo, accesses, e.last_seen, key.tiebreak());
+                let order = VictimOrder::new(algo, accesses, e.last_seen(), key.tiebreak());
                 if heap.len() < k {
                     heap.push(Victim {
                         order,
-                        seen: (accesses, e.last_seen),
+                        seen: (accesses, e.last_seen()),
                         scope: scope.clone(),
                         key: key.to_owned(),
                     });
@@ -107,7 +107,7 @@ impl VictimCache {
                     heap.pop();
                     heap.push(Victim {
                         order,
-                        seen: (accesses, e.last_seen),
+                        seen: (accesses, e.last_seen()),
                         scope: scope.clone(),
                         key: key.to_owned(),
                     });

@@ -408,7 +408,7 @@ impl ScopeIndex {
             }
             EntryKey::Prefix(p) => match store.prefixes.get_mut(&**p) {
                 Some(pe) => {
-                    pe.entry.last_seen = pe.entry.last_seen.max(stamp);
+                    pe.entry.refresh(stamp);
                     if token_count > 0 {
                         pe.token_count = token_count;
                     }
@@ -607,7 +607,7 @@ impl ScopeIndex {
 
     /// (accesses, lastSeen) of an entry, to check a cached victim is still current.
     pub(crate) fn order_of(&self, key: &EntryKey) -> Option<(u32, u64)> {
-        self.read().get(key).map(|e| (e.accesses(), e.last_seen))
+        self.read().get(key).map(|e| (e.accesses(), e.last_seen()))
     }
 
     // ----- reads (the lookup path) -----

@@ -29,7 +29,7 @@ use hashbrown::{HashMap, HashTable};
 
 use smallvec::SmallVec;
 
-use super::entry::{Entry, HolderLists, Holders, HoldersRef, Release};
+use super::entry::{Entry, Halves, HolderLists, Holders, HoldersRef, Release};
 
 pub(crate) type Hasher64 = foldhash::fast::RandomState;
 
@@ -86,14 +86,20 @@ fn spread(tag: u32) -> u64 {
     u64::from(tag) | (u64::from(tag) << 32)
 }
 
-/// One stored block: its hash and its entry. A vacant slot has no holders.
+/// One stored block: its hash and its entry, 28 bytes (4-byte aligned, see
+/// [`Halves`]). A vacant slot has no holders.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    pub hash: u64,
+    hash: Halves,
     pub entry: Entry,
 }
 
 impl Slot {
+    #[inline]
+    pub fn hash(&self) -> u64 {
+        self.hash.get()
+    }
+
     fn is_live(&self) -> bool {
         !self.entry.holders.is_empty()
     }
@@ -249,7 +255,7 @@ impl Store {
         let (mut run, mut off): (&[Slot], usize) = (&[], 0);
         for (i, &h) in chain.iter().enumerate() {
             // The next slot of the current run, if it carries this very hash.
-            let slot = match run.get(off + 1).filter(|s| s.hash == h && s.is_live()) {
+            let slot = match run.get(off + 1).filter(|s| s.hash() == h && s.is_live()) {
                 Some(s) => {
                     off += 1;
                     s
@@ -295,7 +301,7 @@ impl Store {
         let (mut run, mut off): (&[Slot], usize) = (&[], 0);
         let mut i = 0;
         while let Some(&h) = chain.get(i) {
-            let slot = match run.get(off + 1).filter(|s| s.hash == h && s.is_live()) {
+            let slot = match run.get(off + 1).filter(|s| s.hash() == h && s.is_live()) {
                 Some(s) => {
                     off += 1;
                     s
@@ -335,9 +341,9 @@ impl Store {
                     .iter()
                     .zip(run.get(off + 1..).unwrap_or_default())
                     .take_while(|&(&h, s)| {
-                        s.hash == h
+                        s.hash() == h
                             && same_holders(s.entry.holders)
-                            && s.entry.last_seen >= fresh_from
+                            && s.entry.last_seen() >= fresh_from
                     })
                     .count();
                 i += same;
@@ -477,7 +483,7 @@ impl Store {
         };
         let off = run.slots.len() as u32;
         run.slots.push(Slot {
-            hash: block,
+            hash: Halves::new(block),
             entry: Entry::new(holder, stamp),
         });
         run.live += 1;
@@ -497,7 +503,7 @@ impl Store {
                 newly_held: false,
             };
         };
-        s.entry.last_seen = s.entry.last_seen.max(stamp);
+        s.entry.refresh(stamp);
         let newly_held = s.entry.holders.add(&mut self.lists, holder);
         Stored {
             created: false,
@@ -519,7 +525,7 @@ impl Store {
         // another block's; then the exact lookup decides.
         let at = |b: usize| {
             let loc = self.blocks.get_bucket(b)?.loc();
-            (slot_in(&self.runs, loc)?.hash == block).then_some((b, loc))
+            (slot_in(&self.runs, loc)?.hash() == block).then_some((b, loc))
         };
         let exact = || {
             let (tag, runs) = (self.tag(block), &self.runs);
@@ -649,7 +655,7 @@ impl Store {
         // Buckets are found by their old location (unique), before slots move.
         let live = run.slots.iter().enumerate().filter(|(_, s)| s.is_live());
         for (off, (old, s)) in live.enumerate() {
-            let tag = self.hasher.hash_one(s.hash) as u32;
+            let tag = self.hasher.hash_one(s.hash()) as u32;
             let old = Loc {
                 run: run_id,
                 off: old as u32,
@@ -691,7 +697,7 @@ impl Store {
                         entry: &s.entry,
                         lists: &self.lists,
                     };
-                    f(EntryKeyRef::Block(s.hash), e);
+                    f(EntryKeyRef::Block(s.hash()), e);
                 }
             }
             cursor.run += 1;
@@ -740,7 +746,7 @@ fn slot_in_mut(runs: &mut [Option<Run>], loc: Loc) -> Option<&mut Slot> {
 /// Whether `bucket` is `block`'s: the tags agree, then the slot's exact hash.
 #[inline]
 fn holds(runs: &[Option<Run>], bucket: Bucket, tag: u32, block: u64) -> bool {
-    bucket.tag == tag && slot_in(runs, bucket.loc()).is_some_and(|s| s.hash == block)
+    bucket.tag == tag && slot_in(runs, bucket.loc()).is_some_and(|s| s.hash() == block)
 }
 
 /// A resumable position in a [`Store`], so that a scan can let go of the lock
@@ -816,7 +822,7 @@ mod tests {
 
     #[test]
     fn a_stored_block_is_32_bytes_and_its_bucket_10() {
-        assert_eq!(std::mem::size_of::<Slot>(), 32);
+        assert_eq!(std::mem::size_of::<Slot>(), 28);
         assert_eq!(std::mem::size_of::<Bucket>(), 10);
     }
 
