@@ -49,6 +49,8 @@ struct Victim {
     /// (accesses, lastSeen) when scanned, to detect a change since.
     seen: (u32, u64),
     scope: Arc<ScopeIndex>,
+    /// The shard the scan saw it in, where finding it again starts.
+    shard: usize,
     key: EntryKey,
 }
 
@@ -93,7 +95,7 @@ impl VictimCache {
     fn rescan(&mut self, scopes: &[Arc<ScopeIndex>], algo: EvictionAlgorithm, k: usize) {
         let mut heap: BinaryHeap<Victim> = BinaryHeap::with_capacity(k + 1);
         for scope in scopes {
-            scope.scan(|key, e| {
+            scope.scan_shards(|shard, key, e| {
                 let accesses = e.accesses();
                 let order = VictimOrder::new(algo, accesses, e.last_seen(), key.tiebreak());
                 if heap.len() < k {
@@ -101,6 +103,7 @@ impl VictimCache {
                         order,
                         seen: (accesses, e.last_seen()),
                         scope: scope.clone(),
+                        shard,
                         key: key.to_owned(),
                     });
                 } else if heap.peek().is_some_and(|top| order < top.order) {
@@ -109,6 +112,7 @@ impl VictimCache {
                         order,
                         seen: (accesses, e.last_seen()),
                         scope: scope.clone(),
+                        shard,
                         key: key.to_owned(),
                     });
                 }
@@ -147,14 +151,14 @@ impl VictimCache {
                 }
             }
             while let Some(v) = self.queue.pop_front() {
-                let Some(current) = v.scope.order_of(&v.key) else {
+                let Some(current) = v.scope.order_of(&v.key, v.shard) else {
                     continue;
                 };
                 let unchanged = current == v.seen;
                 // In LFU a new entry (0 accesses) precedes any entry with accesses.
                 let overtaken = lfu && self.inserted_since_scan && v.seen.0 > 0;
                 if (unchanged && !overtaken) || last_round {
-                    if v.scope.evict(&v.key) {
+                    if v.scope.evict(&v.key, v.shard) {
                         return Some(v.scope);
                     }
                     continue;

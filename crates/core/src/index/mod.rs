@@ -10,10 +10,12 @@
 //!       └─ scopes: ArcSwap<[ScopeIndex]>  one per (model, hash_scheme)
 //! ```
 //!
-//! Locking, in the only order ever taken: a tenant's writer lock, then a scope's
-//! store lock (lookups take only the store's read lock, once). So a tenant's ingest
-//! never waits for another tenant's, and readers wait at most for one batch of 4
-//! blocks written or 256 keys swept, since writers release the lock between batches.
+//! Locking, in the only order ever taken: a tenant's writer lock, then one shard
+//! lock of a scope at a time (lookups take only their chain's shard's read lock,
+//! once, and the orphan shard's while it has entries; see `scope.rs`). So a
+//! tenant's ingest never waits for another tenant's, lookups never wait for
+//! writers of other chains, and a lookup waits at most for the block or key a
+//! writer or sweep of its own shard is on (see `shard.rs`).
 //!
 //! Stamps: each stored entry gets a per-tenant strictly increasing nanosecond stamp
 //! (the event's time, bumped past the previous stamp). Within one BlocksStored the
@@ -23,7 +25,8 @@
 //! Where things are: `tenant` (the directory and entry counts), `ingest` (events,
 //! quota on the way in), `membership` (declared replicas, dropping one), `sweep`
 //! (TTL, quota trims, the entry cap), `view` (what `/snapshot` and status read);
-//! below them `scope` (one scope's store and lock), `store`, `entry`, `eviction`
+//! below them `scope` (one scope: its shards, where a run goes), `shard` (one
+//! store and its lock, the bounded holds), `store`, `entry`, `eviction`
 //! (LRU/LFU victims), `leading_run`, `pending` and `lock` (`ReaderFirst`).
 
 mod entry;
@@ -37,6 +40,7 @@ mod pending;
 mod prefills;
 mod replica;
 pub mod scope;
+mod shard;
 mod store;
 mod sweep;
 mod tenant;

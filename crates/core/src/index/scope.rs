@@ -3,18 +3,20 @@
 //! ```text
 //! ScopeIndex (tenant, model, hash_scheme)
 //!  ├─ table: ArcSwap<ReplicaTable>   slot → replica (id, endpoint, live counters)
-//!  └─ store: RwLock<Store>            block hash → Entry { holders(slot, refs), lastSeen, accesses }
+//!  └─ shards: [Shard; 16]            each a RwLock<Store>:
+//!                                    block hash → Entry { holders(slot, refs), lastSeen, accesses }
 //! ```
 //!
-//! A lookup takes the read lock once and walks the chain (see `store.rs` for why
-//! that walk touches few cache lines). Writers (always under their tenant's writer
-//! lock, see `index/mod.rs`) take the write lock for at most [`WRITE_BATCH`] blocks
-//! at a time, and let go after the current block as soon as a lookup waits (see
-//! `lock.rs`); sweeps and clears take it for at most [`SWEEP_BATCH`] keys and let
-//! go the same way when a lookup waits, and scans (sweep
-//! candidates, clears, victim rescans) hold the read lock for at most
-//! [`SCAN_CHUNK`] slots. So a lookup waits behind one block of an event's writing,
-//! one key of a sweep, or one scan chunk, whatever the scope's size.
+//! A chain lives in one shard, chosen by its first block: a run stored with no
+//! parent starts a chain and goes to [`shard_of_root`]; a run with a parent goes
+//! where its parent is. So a lookup takes one shard's read lock once and walks the
+//! chain (see `store.rs` for why that walk touches few cache lines), and a writer
+//! storing or removing another chain's blocks never meets it (see `shard.rs` for
+//! the bounded holds within a shard). Where a run's parent is in no shard, the run
+//! goes where its first block already is, or was last removed from ([`Departed`],
+//! for a lower tier's copy that follows its GPU removal), or to the parent's root
+//! shard: a run whose chain is broken there can be missed by a lookup (a shorter
+//! match, never a wrong one). Sweeps, clears and scans visit the shards in turn.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -22,36 +24,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::Mutex;
+#[cfg(test)]
+use parking_lot::RwLockWriteGuard;
 use smallvec::SmallVec;
 
 use super::entry::{Entry, Release, split_slot, tier_slot};
 use super::event::Tier;
 use super::leading_run::LeadingRuns;
-use super::lock::{ReaderFirst, Timeout, Turn};
+use super::lock::Timeout;
 use super::pending::Pending;
 use super::prefills::Prefills;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
-use super::store::{
-    Cursor, EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
-};
+use super::shard::{Departed, ORPHANS, SHARDS, Shard, shard_of_root};
+use super::store::{EntryKey, EntryKeyRef, EntryRef, Loc, Planned, PrefixEntry, Slot, Store};
 use crate::scope::ScopeKey;
 
-/// How many keys a sweep removes per write-lock hold.
-pub(crate) const SWEEP_BATCH: usize = 256;
-
-/// How many slots a scan visits per read-lock hold (a few µs), so a writer that
-/// finds no opening and queues makes lookups wait one chunk, not a whole scope.
-pub(crate) const SCAN_CHUNK: usize = 1024;
-
-/// The most blocks of an event stored or removed per write-lock hold; a hold
-/// ends sooner when a lookup is waiting. A planned block costs ~10 ns under the
-/// lock (`ScopeIndex::write_planned`), so a whole batch is still a short hold.
-pub(crate) const WRITE_BATCH: usize = 64;
-
-/// How many blocks of an event are looked up per read-lock hold before they are
-/// written (see `ScopeIndex::write_planned`).
-const PLAN_BATCH: usize = 64;
+/// The shard legacy prefix entries live in (they form no chains).
+const PREFIX_SHARD: usize = 0;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +61,16 @@ pub(crate) struct PrefixMatch {
 /// One scope of the index.
 pub struct ScopeIndex {
     pub(crate) key: ScopeKey,
-    store: Padded<ReaderFirst<Store>>,
+    /// The root shards, then the orphan shard, inline: a lookup finds its
+    /// shard's lock at a fixed offset, with no pointer to follow.
+    shards: [Shard; SHARDS + 1],
+    /// Where the last few emptied blocks were (writers only).
+    departed: Mutex<Departed>,
+    /// The shard last written: where the next event's parent usually is.
+    recent: AtomicUsize,
+    /// Entries in the orphan shard ([`ORPHANS`]): while there are any, lookups
+    /// read it beside their chain's shard.
+    orphan_entries: AtomicU64,
     table: ArcSwap<ReplicaTable>,
     table_lock: Mutex<()>,
     entries: AtomicU64,
@@ -100,7 +99,10 @@ impl ScopeIndex {
     pub(crate) fn new(key: ScopeKey) -> Self {
         Self {
             key,
-            store: Padded::default(),
+            shards: std::array::from_fn(|_| Shard::default()),
+            departed: Mutex::default(),
+            recent: AtomicUsize::new(0),
+            orphan_entries: AtomicU64::new(0),
             table: ArcSwap::from_pointee(ReplicaTable::default()),
             table_lock: Mutex::new(()),
             entries: AtomicU64::new(0),
@@ -124,12 +126,108 @@ impl ScopeIndex {
         self.entries.load(Ordering::Relaxed)
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Store> {
-        self.store.0.read()
+    /// The shard holding block `hash`, looking in `first` before the others.
+    fn find_block(&self, hash: u64, first: usize) -> Option<usize> {
+        self.find_where(first, |store| store.block(hash).is_some())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, Store> {
-        self.store.0.write()
+    /// The first shard, from `first` on, where `found` holds.
+    fn find_where(&self, first: usize, found: impl Fn(&Store) -> bool) -> Option<usize> {
+        let n = self.shards.len();
+        (0..n)
+            .map(|k| (first + k) % n)
+            .find(|&s| found(&self.shards[s].read()))
+    }
+
+    /// The shard an entry is in (for a block, wherever it is; absent blocks
+    /// have none).
+    fn shard_of_key(&self, key: &EntryKey) -> Option<usize> {
+        self.shard_of_key_from(key, self.recent.load(Ordering::Relaxed))
+    }
+
+    /// [`Self::shard_of_key`], looking in `seen` (where a scan saw it) first.
+    fn shard_of_key_from(&self, key: &EntryKey, seen: usize) -> Option<usize> {
+        match key {
+            EntryKey::Block(h) => self.find_block(*h, seen),
+            EntryKey::Prefix(_) => Some(PREFIX_SHARD),
+        }
+    }
+
+    /// The shard a chain's lookups read: its first block's.
+    fn chain_shard(&self, chain: &[u64]) -> &Shard {
+        &self.shards[chain.first().map_or(PREFIX_SHARD, |&h| shard_of_root(h))]
+    }
+
+    /// Whether lookups must read the orphan shard too.
+    fn has_orphans(&self) -> bool {
+        self.orphan_entries.load(Ordering::Relaxed) > 0
+    }
+
+    /// `n` entries were created (`sign` 1) or removed (-1) in `shard`.
+    fn count_orphans(&self, shard: usize, n: u64, sign: i8) {
+        if shard != ORPHANS || n == 0 {
+            return;
+        }
+        if sign > 0 {
+            self.orphan_entries.fetch_add(n, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .orphan_entries
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                    Some(c.saturating_sub(n))
+                });
+        }
+    }
+
+    /// Where a run of blocks stored for `slot` goes (see the module docs): a
+    /// GPU run without a parent starts a chain, in its root's shard unless its
+    /// first block is already stored elsewhere; a run with a parent, or a lower
+    /// tier's run (which never names one), goes where its chain already is, and
+    /// to the orphan shard when that is nowhere to be found.
+    fn home(&self, slot: u32, parent: Option<u64>, first: u64) -> usize {
+        let lower_tier = split_slot(slot).1 != 0;
+        if parent.is_none() && !lower_tier {
+            let root = shard_of_root(first);
+            return self.find_block(first, root).unwrap_or(root);
+        }
+        let hint = self.recent.load(Ordering::Relaxed);
+        let home = parent
+            .and_then(|p| self.find_block(p, hint))
+            .or_else(|| self.find_block(first, hint))
+            .or_else(|| {
+                let departed = self.departed.lock();
+                parent
+                    .and_then(|p| departed.shard_of(p))
+                    .or_else(|| departed.shard_of(first))
+            })
+            .unwrap_or(ORPHANS);
+        self.recent.store(home, Ordering::Relaxed);
+        home
+    }
+
+    /// Per block of a run bound for `home`, the shard it goes to: a block
+    /// already stored stays where it is, so no block is ever in two shards.
+    /// Only the orphan shard can hold a chain's block outside the chain's root
+    /// shard, so a run bound for a root shard looks there (when it has entries)
+    /// and an orphan run looks in every root shard (rare: its chain was lost).
+    fn targets(&self, home: usize, hashes: &[u64]) -> SmallVec<[u8; 64]> {
+        let mut out: SmallVec<[u8; 64]> = SmallVec::from_elem(home as u8, hashes.len());
+        let others: SmallVec<[usize; 16]> = if home == ORPHANS {
+            (0..SHARDS).collect()
+        } else if self.has_orphans() {
+            SmallVec::from_elem(ORPHANS, 1)
+        } else {
+            return out;
+        };
+        for s in others {
+            let store = self.shards[s].read();
+            for (t, &h) in out.iter_mut().zip(hashes) {
+                if usize::from(*t) == home && store.block(h).is_some() {
+                    *t = s as u8;
+                }
+            }
+        }
+        out
     }
 
     /// Known to the index: a declared replica, a live registration, or a usable entry.
@@ -288,47 +386,6 @@ impl ScopeIndex {
         }
     }
 
-    /// Runs `step(store, i, plan)` for every `i` in `0..hashes.len()` under the
-    /// write lock, where `plan` is what `plan(store, hash)` found for block `i`
-    /// under the read lock (which lookups share), [`PLAN_BATCH`] blocks at a
-    /// time: the exclusive hold then does no table lookup it can do without, and
-    /// finds the table's lines in cache. Before each hold `prepare(plans)` may
-    /// allocate what the hold will need (with the plans of the blocks left in the
-    /// batch), so the hold does not wait on the allocator either. A hold covers at
-    /// most [`WRITE_BATCH`] steps and ends early, after at least one, as soon as a
-    /// lookup waits for the lock (unless the writer had to queue for it); runs
-    /// emptied in it are dropped after it.
-    fn write_planned<P: Copy>(
-        &self,
-        hashes: &[u64],
-        plan: impl Fn(&Store, u64) -> P,
-        mut prepare: impl FnMut(usize, &[P]),
-        mut step: impl FnMut(&mut Store, usize, P),
-    ) {
-        let mut plans: SmallVec<[P; PLAN_BATCH]> = SmallVec::new();
-        let mut base = 0;
-        for batch in hashes.chunks(PLAN_BATCH) {
-            plans.clear();
-            {
-                let store = self.read();
-                plans.extend(batch.iter().map(|&h| plan(&store, h)));
-            }
-            let mut j = 0;
-            while j < batch.len() {
-                prepare(base + j, &plans[j..]);
-                let stop = batch.len().min(j + WRITE_BATCH);
-                let mut store;
-                (store, j) = self.hold_in_turn(j..stop, |store, j| {
-                    step(store, base + j, plans[j]);
-                });
-                let emptied = store.take_retired();
-                drop(store);
-                drop(emptied);
-            }
-            base += batch.len();
-        }
-    }
-
     /// Stores a run of blocks for `slot` (the event's parent first, if any).
     /// Block `i` gets stamp `stamp_of(i)`. Returns how many new entries were created.
     pub(crate) fn insert_blocks(
@@ -339,11 +396,44 @@ impl ScopeIndex {
         hashes: &[u64],
         stamp_of: impl Fn(usize) -> u64,
     ) -> u64 {
+        let Some(&first) = hashes.first() else {
+            return 0;
+        };
+        let home = self.home(slot, parent, first);
+        let targets = self.targets(home, hashes);
+        let mut created = 0;
+        let mut i = 0;
+        // Stretches bound for one shard, each after the block before it.
+        for stretch in targets.chunk_by(|a, b| a == b) {
+            let end = i + stretch.len();
+            let after = if i == 0 { parent } else { Some(hashes[i - 1]) };
+            let shard = usize::from(stretch[0]);
+            let n = self.insert_in(shard, slot, live, after, &hashes[i..end], |j| {
+                stamp_of(i + j)
+            });
+            self.count_orphans(shard, n, 1);
+            created += n;
+            i = end;
+        }
+        created
+    }
+
+    /// [`Self::insert_blocks`] into one shard.
+    fn insert_in(
+        &self,
+        shard: usize,
+        slot: u32,
+        live: &ReplicaLive,
+        parent: Option<u64>,
+        hashes: &[u64],
+        stamp_of: impl Fn(usize) -> u64,
+    ) -> u64 {
+        let shard = &self.shards[shard];
         let (mut created, mut newly_held, mut newest) = (0u64, 0u64, 0u64);
         let mut prev: Option<Loc> = None;
         // A fresh run's vector, allocated off the lock when a hold may need one.
         let spare: Cell<Option<Vec<Slot>>> = Cell::new(None);
-        self.write_planned(
+        shard.write_planned(
             hashes,
             Store::plan_store,
             |i, plans| {
@@ -385,7 +475,8 @@ impl ScopeIndex {
 
     /// Whether an entry exists (usable or not).
     pub(crate) fn contains(&self, key: &EntryKey) -> bool {
-        self.read().get(key).is_some()
+        self.shard_of_key(key)
+            .is_some_and(|s| self.shards[s].read().get(key).is_some())
     }
 
     /// Stores one block (after `prev`) or prefix for `slot`; returns true when the
@@ -399,7 +490,11 @@ impl ScopeIndex {
         token_count: u32,
         stamp: u64,
     ) -> bool {
-        let mut guard = self.write();
+        let home = match key {
+            EntryKey::Block(h) => usize::from(self.targets(self.home(slot, prev, *h), &[*h])[0]),
+            EntryKey::Prefix(_) => PREFIX_SHARD,
+        };
+        let mut guard = self.shards[home].write();
         let store = &mut *guard;
         let (created, newly_held) = match key {
             EntryKey::Block(h) => {
@@ -427,6 +522,7 @@ impl ScopeIndex {
             },
         };
         drop(guard);
+        self.count_orphans(home, u64::from(created), 1);
         self.add_entries(u64::from(created));
         live.add_prefixes(u64::from(newly_held));
         self.note_store(stamp);
@@ -436,25 +532,58 @@ impl ScopeIndex {
     /// Drops one reference of `slot` on each block. Returns the entries removed
     /// because their last holder went.
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
-        let (mut removed, mut released, mut sparse) = (0u64, 0u64, false);
-        self.write_planned(
-            hashes,
-            Store::plan_removal,
-            |_, _| {},
-            |store, i, planned| {
-                let (release, gone) = store.release_planned(hashes[i], planned, slot);
-                released += u64::from(release == Release::Released);
-                removed += u64::from(gone);
-                sparse = store.has_sparse();
-            },
-        );
-        // Runs this event left mostly vacant (rather than empty) are compacted now.
-        if sparse {
-            let mut store = self.write();
-            let emptied = store.settle();
-            drop(store);
-            drop(emptied);
+        let (mut removed, mut released) = (0u64, 0u64);
+        let mut gone: SmallVec<[(u64, usize); 16]> = SmallVec::new();
+        let mut hint = self.recent.load(Ordering::Relaxed);
+        let mut i = 0;
+        while i < hashes.len() {
+            // Blocks in no shard have nothing to remove.
+            let Some(s) = self.find_block(hashes[i], hint) else {
+                i += 1;
+                continue;
+            };
+            hint = s;
+            let shard = &self.shards[s];
+            // The blocks that follow in the same shard (usually the rest of the
+            // event: one chain's tail) are removed together.
+            let end = {
+                let store = shard.read();
+                let more = hashes[i + 1..].iter();
+                i + 1 + more.take_while(|&&h| store.block(h).is_some()).count()
+            };
+            let stretch = &hashes[i..end];
+            let (mut sparse, before) = (false, removed);
+            shard.write_planned(
+                stretch,
+                Store::plan_removal,
+                |_, _| {},
+                |store, j, planned| {
+                    let (release, emptied) = store.release_planned(stretch[j], planned, slot);
+                    released += u64::from(release == Release::Released);
+                    if emptied {
+                        removed += 1;
+                        gone.push((stretch[j], s));
+                    }
+                    sparse = store.has_sparse();
+                },
+            );
+            // Runs this event left mostly vacant (rather than empty) are compacted now.
+            if sparse {
+                let mut store = shard.write();
+                let emptied = store.settle();
+                drop(store);
+                drop(emptied);
+            }
+            self.count_orphans(s, removed - before, -1);
+            i = end;
         }
+        if !gone.is_empty() {
+            let mut departed = self.departed.lock();
+            for &(h, s) in &gone {
+                departed.note(h, s);
+            }
+        }
+        self.recent.store(hint, Ordering::Relaxed);
         self.sub_entries(removed);
         live.sub_prefixes(released);
         removed
@@ -465,45 +594,54 @@ impl ScopeIndex {
     pub(crate) fn clear_replica(&self, slot: u32, live: &ReplicaLive) -> u64 {
         self.pending.forget_slot(slot);
         self.prefills.forget_slot(slot);
-        let mut keys = Vec::new();
         // Every tier of the replica goes (its GPU slot and its lower-tier slots).
         let tiers = [Tier::Cpu, Tier::Disk].map(|t| tier_slot(slot, t));
         let lower = self.has_lower_tiers();
-        self.scan(|k, e| {
-            let holders = e.holders();
-            if holders.contains(slot) || (lower && tiers.iter().any(|&t| holders.contains(t))) {
-                keys.push(k.to_owned());
-            }
-        });
         let mut removed = 0u64;
-        self.remove_in_turns(
-            &keys,
-            |store, key, _: &mut Vec<()>| {
-                let Some((holders, lists)) = store.holders_mut(key) else {
-                    return;
-                };
-                let mut held = holders.remove_all(lists, slot);
-                if lower {
-                    for &t in &tiers {
-                        held |= holders.remove_all(lists, t);
+        let mut keys = Vec::new();
+        for (s, shard) in self.shards.iter().enumerate() {
+            keys.clear();
+            let before = removed;
+            shard.scan(&mut |k, e| {
+                let holders = e.holders();
+                if holders.contains(slot) || (lower && tiers.iter().any(|&t| holders.contains(t))) {
+                    keys.push(k.to_owned());
+                }
+            });
+            shard.remove_in_turns(
+                &keys,
+                |store, key, _: &mut Vec<()>| {
+                    let Some((holders, lists)) = store.holders_mut(key) else {
+                        return;
+                    };
+                    let mut held = holders.remove_all(lists, slot);
+                    if lower {
+                        for &t in &tiers {
+                            held |= holders.remove_all(lists, t);
+                        }
                     }
-                }
-                if held && holders.is_empty() {
-                    store.take(key);
-                    removed += 1;
-                }
-            },
-            |_| {},
-        );
+                    if held && holders.is_empty() {
+                        store.take(key);
+                        removed += 1;
+                    }
+                },
+                |_| {},
+            );
+            self.count_orphans(s, removed - before, -1);
+        }
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
         removed
     }
 
-    /// Removes a whole entry, whoever holds it. Returns false when it was gone.
-    pub(crate) fn evict(&self, key: &EntryKey) -> bool {
+    /// Removes a whole entry, whoever holds it, looking for it in shard `seen`
+    /// first (where a scan saw it). Returns false when it was gone.
+    pub(crate) fn evict(&self, key: &EntryKey, seen: usize) -> bool {
+        let Some(s) = self.shard_of_key_from(key, seen) else {
+            return false;
+        };
         let taken = {
-            let mut store = self.write();
+            let mut store = self.shards[s].write();
             let taken = store.take(key);
             let emptied = store.settle();
             drop(store);
@@ -512,115 +650,71 @@ impl ScopeIndex {
         };
         let Some(holders) = taken else { return false };
         self.release_holders(&holders);
+        self.count_orphans(s, 1, -1);
         self.sub_entries(1);
         true
     }
 
     /// Removes every entry older than `ttl`, a bounded batch per write-lock hold.
     pub(crate) fn sweep_expired(&self, now: u64, ttl: u64) -> u64 {
-        let mut keys = Vec::new();
-        self.scan(|k, e| {
-            if !e.is_fresh(now, ttl) {
-                keys.push(k.to_owned());
-            }
-        });
         let mut evicted = 0u64;
-        self.remove_in_turns(
-            &keys,
-            |store, key, taken| {
-                if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
-                    && let Some(h) = store.take(key)
-                {
-                    taken.push(h);
+        let mut keys = Vec::new();
+        for (s, shard) in self.shards.iter().enumerate() {
+            keys.clear();
+            let before = evicted;
+            shard.scan(&mut |k, e| {
+                if !e.is_fresh(now, ttl) {
+                    keys.push(k.to_owned());
                 }
-            },
-            |taken| {
-                for h in taken.iter() {
-                    self.release_holders(h);
-                }
-                evicted += taken.len() as u64;
-            },
-        );
+            });
+            shard.remove_in_turns(
+                &keys,
+                |store, key, taken| {
+                    if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
+                        && let Some(h) = store.take(key)
+                    {
+                        taken.push(h);
+                    }
+                },
+                |taken| {
+                    for h in taken.iter() {
+                        self.release_holders(h);
+                    }
+                    evicted += taken.len() as u64;
+                },
+            );
+            self.count_orphans(s, evicted - before, -1);
+        }
         self.sub_entries(evicted);
         evicted
     }
 
-    /// Takes the write lock and applies `step` to the indices of `range` in turn;
-    /// a hold taken in an opening lets go after the current index as soon as a
-    /// lookup waits, one that had to queue does the whole range. Returns the
-    /// lock and the first index not done (`range` is never empty).
-    fn hold_in_turn(
-        &self,
-        range: std::ops::Range<usize>,
-        mut step: impl FnMut(&mut Store, usize),
-    ) -> (RwLockWriteGuard<'_, Store>, usize) {
-        let (mut store, turn) = self.store.0.write_in_turn();
-        let yielding = turn == Turn::Opening;
-        let mut j = range.start;
-        loop {
-            step(&mut store, j);
-            j += 1;
-            if j >= range.end || (yielding && self.store.0.readers_waiting()) {
-                return (store, j);
-            }
-        }
-    }
-
-    /// Applies `step` to each of `keys` under the write lock, at most
-    /// [`SWEEP_BATCH`] keys per hold, and — when the hold came in an opening — lets
-    /// go after the current key as soon as a lookup waits, as event writers do
-    /// (`write_planned`): a sweep or clear of a large scope would otherwise keep
-    /// lookups out for a whole batch (tens of µs). What `step` puts in its vector
-    /// is handed to `between` after each hold, off the lock, then dropped.
-    fn remove_in_turns<H>(
-        &self,
-        keys: &[EntryKey],
-        mut step: impl FnMut(&mut Store, &EntryKey, &mut Vec<H>),
-        mut between: impl FnMut(&[H]),
-    ) {
-        let mut out = Vec::new();
-        let mut j = 0;
-        while j < keys.len() {
-            let stop = keys.len().min(j + SWEEP_BATCH);
-            let mut store;
-            (store, j) = self.hold_in_turn(j..stop, |store, j| step(store, &keys[j], &mut out));
-            let emptied = store.settle();
-            drop(store);
-            drop(emptied);
-            between(&out);
-            out.clear();
-        }
-    }
-
-    /// Visits every entry, [`SCAN_CHUNK`] slots per read-lock hold (sweep
-    /// candidates, clears, victim rescans). The caller holds the tenant's writer
-    /// lock, so the store's layout cannot change between chunks (see `Cursor`).
+    /// Visits every entry, shard by shard, a bounded chunk per read-lock hold
+    /// (sweep candidates, victim rescans). The caller holds the tenant's writer
+    /// lock, so no shard's layout changes between chunks.
+    #[cfg(test)]
     pub(crate) fn scan(&self, mut f: impl FnMut(EntryKeyRef<'_>, EntryRef<'_>)) {
-        let mut cursor = Cursor::default();
-        loop {
-            let more = self.read().visit(&mut cursor, SCAN_CHUNK, &mut f);
-            if !more {
-                return;
-            }
+        self.scan_shards(|_, k, e| f(k, e));
+    }
+
+    /// [`Self::scan`], telling `f` the shard of each entry.
+    pub(crate) fn scan_shards(&self, mut f: impl FnMut(usize, EntryKeyRef<'_>, EntryRef<'_>)) {
+        for (s, shard) in self.shards.iter().enumerate() {
+            shard.scan(&mut |k, e| f(s, k, e));
         }
     }
 
-    /// (accesses, lastSeen) of an entry, to check a cached victim is still current.
-    pub(crate) fn order_of(&self, key: &EntryKey) -> Option<(u32, u64)> {
-        self.read().get(key).map(|e| (e.accesses(), e.last_seen()))
+    /// (accesses, lastSeen) of an entry, to check a cached victim is still
+    /// current; looked for in shard `seen` first.
+    pub(crate) fn order_of(&self, key: &EntryKey, seen: usize) -> Option<(u32, u64)> {
+        let s = self.shard_of_key_from(key, seen)?;
+        self.shards[s]
+            .read()
+            .get(key)
+            .map(|e| (e.accesses(), e.last_seen()))
     }
 
     // ----- reads (the lookup path) -----
-
-    fn read_within(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Result<RwLockReadGuard<'_, Store>, Timeout> {
-        match deadline {
-            None => Ok(self.read()),
-            Some(d) => self.store.0.try_read_until(d).ok_or(Timeout),
-        }
-    }
 
     /// servingByScope now, narrowed by the candidate subset.
     pub(crate) fn serving(&self, now: u64, ttl: u64, candidates: &[String]) -> ServingSet {
@@ -642,7 +736,10 @@ impl ScopeIndex {
         if serving.is_empty() || chain.is_empty() {
             return Ok(());
         }
-        let store = self.read_within(deadline)?;
+        if self.has_orphans() {
+            return self.match_chain_with_orphans(chain, serving, now, ttl, deadline, runs);
+        }
+        let store = self.chain_shard(chain).read_within(deadline)?;
         let words = serving.slot_bits().len();
         let walk = LeadingRuns {
             store: &store,
@@ -668,6 +765,48 @@ impl ScopeIndex {
             let mut slot_runs = vec![0u32; words * 64];
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
             member_runs(members, &slot_runs, runs);
+        }
+        Ok(())
+    }
+
+    /// [`Self::match_chain`] while the orphan shard has entries: block by block in
+    /// the chain's shard or the orphan shard, each live member tested on its own.
+    /// Slower than the chain walk, and needed only while a chain's blocks may be
+    /// in two shards.
+    fn match_chain_with_orphans(
+        &self,
+        chain: &[u64],
+        serving: &ServingSet,
+        now: u64,
+        ttl: u64,
+        deadline: Option<Instant>,
+        runs: &mut [u32],
+    ) -> Result<(), Timeout> {
+        let store = self.chain_shard(chain).read_within(deadline)?;
+        let orphans = self.shards[ORPHANS].read_within(deadline)?;
+        let members = serving.members();
+        let mut alive: SmallVec<[u16; 32]> = (0..members.len() as u16).collect();
+        let mut timed_out = false;
+        walk_either(&store, Some(&orphans), chain, |i, e| {
+            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+                timed_out = true;
+                return false;
+            }
+            if !e.is_fresh(now, ttl) {
+                return false;
+            }
+            let holders = e.holders();
+            alive.retain(|m| {
+                let held = holders.contains(members[*m as usize]);
+                if held {
+                    runs[*m as usize] = i as u32 + 1;
+                }
+                held
+            });
+            !alive.is_empty()
+        });
+        if timed_out {
+            return Err(Timeout);
         }
         Ok(())
     }
@@ -704,7 +843,11 @@ impl ScopeIndex {
         if n == 0 || chain.is_empty() {
             return Ok(out);
         }
-        let store = self.read_within(deadline)?;
+        let store = self.chain_shard(chain).read_within(deadline)?;
+        let orphans = match self.has_orphans() {
+            true => Some(self.shards[ORPHANS].read_within(deadline)?),
+            false => None,
+        };
         // slot → member + 1 (0: not serving), built once per lookup.
         let members = serving.members();
         let width = members.iter().map(|&s| s as usize + 1).max().unwrap_or(0);
@@ -716,7 +859,7 @@ impl ScopeIndex {
         let mut alive: SmallVec<[u16; 32]> = (0..n as u16).collect();
         let mut best: SmallVec<[f64; 32]> = SmallVec::from_elem(0.0, n);
         let mut timed_out = false;
-        store.walk(chain, |i, e| {
+        walk_either(&store, orphans.as_deref(), chain, |i, e| {
             if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
                 timed_out = true;
                 return false;
@@ -783,7 +926,7 @@ impl ScopeIndex {
         ttl: u64,
         deadline: Option<Instant>,
     ) -> Result<PrefixMatch, Timeout> {
-        let store = self.read_within(deadline)?;
+        let store = self.shards[PREFIX_SHARD].read_within(deadline)?;
         let mut out = PrefixMatch {
             holders: SmallVec::new(),
             token_count: 0,
@@ -810,8 +953,9 @@ impl ScopeIndex {
 
     /// LFU: one access to each of the given chain blocks.
     pub(crate) fn credit_chain(&self, chain: &[u64]) {
-        let store = self.read();
-        store.walk(chain, |_, e| {
+        let store = self.chain_shard(chain).read();
+        let orphans = self.has_orphans().then(|| self.shards[ORPHANS].read());
+        walk_either(&store, orphans.as_deref(), chain, |_, e| {
             e.credit();
             true
         });
@@ -819,7 +963,7 @@ impl ScopeIndex {
 
     /// LFU: one access to a legacy prefix entry.
     pub(crate) fn credit_prefix(&self, prefix: &str) {
-        if let Some(p) = self.read().prefixes.get(prefix) {
+        if let Some(p) = self.shards[PREFIX_SHARD].read().prefixes.get(prefix) {
             p.entry.credit();
         }
     }
@@ -856,10 +1000,39 @@ impl ScopeIndex {
         serving.replica(member).and_then(|r| r.endpoint().cloned())
     }
 
+    /// Test hook: pretend `n` lookups wait on every shard.
+    #[cfg(test)]
+    fn set_waiting(&self, n: u32) {
+        self.shards.iter().for_each(|s| s.set_waiting(n));
+    }
+
     /// Test hook: holds the write lock, as a long writer would.
     #[cfg(test)]
     pub(crate) fn hold_writes(&self) -> Vec<RwLockWriteGuard<'_, Store>> {
-        vec![self.write()]
+        self.shards.iter().map(Shard::write).collect()
+    }
+}
+
+/// Calls `visit(i, entry)` for the chain's blocks while they exist and `visit`
+/// returns true: in `store` (the chain's shard), or, while there are orphans,
+/// in it or `orphans` block by block (no block is in both).
+fn walk_either(
+    store: &Store,
+    orphans: Option<&Store>,
+    chain: &[u64],
+    mut visit: impl FnMut(usize, EntryRef<'_>) -> bool,
+) {
+    let Some(orphans) = orphans else {
+        store.walk(chain, visit);
+        return;
+    };
+    for (i, &h) in chain.iter().enumerate() {
+        let Some(e) = store.block_ref(h).or_else(|| orphans.block_ref(h)) else {
+            return;
+        };
+        if !visit(i, e) {
+            return;
+        }
     }
 }
 
@@ -873,7 +1046,108 @@ fn member_runs(members: &[u32], slot_runs: &[u32], runs: &mut [u32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::shard::{SCAN_CHUNK, SWEEP_BATCH};
+    use crate::index::store::Cursor;
     use crate::scope::ScopeRef;
+
+    fn spread_chain(n: u64, salt: u64) -> Vec<u64> {
+        (1..=n)
+            .map(|i: u64| (i ^ salt << 20).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect()
+    }
+
+    /// How far `chain` walks through the shards a lookup reads, held by `slot`.
+    fn walked(scope: &ScopeIndex, chain: &[u64], slot: u32) -> usize {
+        let store = scope.chain_shard(chain).read();
+        let orphans = scope.has_orphans().then(|| scope.shards[ORPHANS].read());
+        let mut n = 0;
+        walk_either(&store, orphans.as_deref(), chain, |i, e| {
+            n = i + 1;
+            e.holders().contains(slot)
+        });
+        n
+    }
+
+    #[test]
+    fn a_run_before_its_parent_waits_in_the_orphan_shard_and_counts_once() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let (a, b) = (ReplicaLive::default(), ReplicaLive::default());
+        let chain = spread_chain(6, 1);
+        // Blocks 3.. first, their parent unknown: the orphan shard.
+        assert_eq!(
+            scope.insert_blocks(0, &a, Some(chain[2]), &chain[3..], |_| 1),
+            3
+        );
+        assert_eq!(scope.orphan_entries.load(Ordering::Relaxed), 3);
+        assert_eq!(walked(&scope, &chain, 0), 0, "no block 0 yet");
+        // The chain's start: its root's shard. Lookups read both: the whole chain.
+        assert_eq!(scope.insert_blocks(0, &a, None, &chain[..3], |_| 1), 3);
+        assert_eq!(
+            scope.chain_shard(&chain).read().walk(&chain, |_, _| true),
+            3
+        );
+        assert_eq!(walked(&scope, &chain, 0), 6);
+        // Another replica stores the whole chain from its root: the blocks stay
+        // where they are, one entry each.
+        assert_eq!(scope.insert_blocks(1, &b, None, &chain, |_| 1), 0);
+        assert_eq!(scope.entries(), 6);
+        assert_eq!(scope.orphan_entries.load(Ordering::Relaxed), 3);
+        assert_eq!(walked(&scope, &chain, 1), 6);
+        // Removals find them there; once the orphan shard is empty lookups read
+        // their chain's shard alone.
+        assert_eq!(scope.remove_blocks(0, &a, &chain[3..]), 0);
+        assert_eq!(scope.remove_blocks(1, &b, &chain), 3);
+        assert!(!scope.has_orphans());
+        assert_eq!(walked(&scope, &chain, 0), 3);
+        assert_eq!(
+            (scope.entries(), a.prefix_count(), b.prefix_count()),
+            (3, 3, 0)
+        );
+    }
+
+    #[test]
+    fn a_lower_tier_copy_after_its_gpu_removal_goes_back_to_its_chains_shard() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let live = ReplicaLive::default();
+        let chain = spread_chain(4, 2);
+        scope.insert_blocks(0, &live, None, &chain, |_| 1);
+        // vLLM: BlockRemoved (GPU) for the tail, then BlockStored (CPU), no parent.
+        assert_eq!(scope.remove_blocks(0, &live, &chain[2..]), 2);
+        let cpu = tier_slot(0, Tier::Cpu);
+        let tier_live = ReplicaLive::default();
+        assert_eq!(
+            scope.insert_blocks(cpu, &tier_live, None, &chain[2..], |_| 2),
+            2
+        );
+        assert!(!scope.has_orphans());
+        assert_eq!(
+            walked(&scope, &chain, 0),
+            3,
+            "GPU 0..2, then block 2 on CPU only"
+        );
+        assert_eq!(walked(&scope, &chain[..2], 0), 2);
+        let store = scope.chain_shard(&chain).read();
+        assert!(chain.iter().all(|&h| store.block(h).is_some()));
+    }
+
+    #[test]
+    fn a_lookup_reads_only_its_chains_shard() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let (slot, live) = scope.resolve_replica("r0", "10.0.0.1:8000", 1, Touch::Event);
+        let chain = spread_chain(8, 3);
+        scope.insert_blocks(slot, &live, None, &chain, |_| 1);
+        let serving = scope.serving(1, 100, &[]);
+        // Writers hold every other shard: the lookup does not wait for them.
+        let home = shard_of_root(chain[0]);
+        let _held: Vec<_> = (0..=SHARDS)
+            .filter(|&s| s != home)
+            .map(|s| scope.shards[s].write())
+            .collect();
+        let deadline = Instant::now() + std::time::Duration::from_millis(50);
+        let mut runs = [0u32; 1];
+        let got = scope.match_chain(&chain, &serving, 1, 100, Some(deadline), &mut runs);
+        assert_eq!((got, runs), (Ok(()), [8]));
+    }
 
     #[test]
     fn events_get_written_while_lookups_keep_waiting() {
@@ -884,17 +1158,23 @@ mod tests {
             .collect();
         // A lookup that keeps waiting: the writer finds no opening, queues, and
         // then writes whole batches; it gets through.
-        scope.store.0.set_waiting(1);
+        scope.set_waiting(1);
         assert_eq!(scope.insert_blocks(0, &live, None, &chain, |_| 1), 70);
-        scope.store.0.set_waiting(0);
+        scope.set_waiting(0);
         assert_eq!(live.prefix_count(), 70);
-        let end = scope.read().walk(&chain, |_, e| e.holders().contains(0));
+        let end = scope
+            .chain_shard(&chain)
+            .read()
+            .walk(&chain, |_, e| e.holders().contains(0));
         assert_eq!(end, 70);
-        scope.store.0.set_waiting(1);
+        scope.set_waiting(1);
         assert_eq!(scope.remove_blocks(0, &live, &chain[10..]), 60);
-        scope.store.0.set_waiting(0);
+        scope.set_waiting(0);
         assert_eq!(live.prefix_count(), 10);
-        assert_eq!(scope.read().walk(&chain, |_, _| true), 10);
+        assert_eq!(
+            scope.chain_shard(&chain).read().walk(&chain, |_, _| true),
+            10
+        );
     }
 
     #[test]
@@ -908,17 +1188,20 @@ mod tests {
         assert_eq!(scope.insert_blocks(1, &b, None, &chain[..10], |_| 1), 0);
         // A lookup that keeps waiting: each hold is queued for, then keeps its
         // whole batch (a hold taken in an opening would let go at once).
-        scope.store.0.set_waiting(1);
+        scope.set_waiting(1);
         assert_eq!(scope.clear_replica(0, &a), n - 10);
-        scope.store.0.set_waiting(0);
+        scope.set_waiting(0);
         assert_eq!(scope.entries(), 10);
         assert_eq!(
-            scope.read().walk(&chain, |_, e| e.holders().contains(1)),
+            scope
+                .chain_shard(&chain)
+                .read()
+                .walk(&chain, |_, e| e.holders().contains(1)),
             10
         );
-        scope.store.0.set_waiting(1);
+        scope.set_waiting(1);
         assert_eq!(scope.sweep_expired(100, 50), 10);
-        scope.store.0.set_waiting(0);
+        scope.set_waiting(0);
         assert_eq!(scope.entries(), 0);
     }
 
@@ -940,14 +1223,14 @@ mod tests {
         // the same event: compacted once at the end, the rest still walkable.
         assert_eq!(scope.remove_blocks(0, &live, &chain[..35]), 35);
         {
-            let store = scope.read();
+            let store = scope.chain_shard(&chain).read();
             assert!(!store.has_sparse());
             assert_eq!(store.walk(&chain[35..], |_, e| e.holders().contains(0)), 5);
             assert_eq!(store.walk(&chain[34..], |_, _| true), 0);
         }
         // Emptying it frees it: nothing left to compact.
         assert_eq!(scope.remove_blocks(0, &live, &chain[35..]), 5);
-        assert!(!scope.read().has_sparse());
+        assert!(!scope.chain_shard(&chain).read().has_sparse());
         assert_eq!(scope.entries(), 0);
         assert_eq!(live.prefix_count(), 0);
     }
@@ -990,8 +1273,16 @@ mod tests {
             expected
         );
 
-        // One call visits at most its budget and says whether more remain.
-        let store = scope.read();
+        // One call visits at most its budget and says whether more remain: a
+        // shard on its own, with runs of several lengths and vacated slots.
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let chain: Vec<u64> = (0..2 * SCAN_CHUNK as u64).map(|i| (9 << 40) | i).collect();
+        scope.insert_blocks(0, &live, None, &chain, |_| 1);
+        scope.insert_blocks(0, &live, Some(chain[9]), &[7 << 40, 8 << 40], |_| 1);
+        scope.remove_blocks(0, &live, &chain[3..8]);
+        // The chain less five removed, and the branch off block 9.
+        let live_entries = 2 * SCAN_CHUNK - 5 + 2;
+        let store = scope.chain_shard(&chain).read();
         let mut cursor = Cursor::default();
         let mut n = 0;
         assert!(store.visit(&mut cursor, 2, &mut |_, _| n += 1));
@@ -1000,9 +1291,9 @@ mod tests {
         while store.visit(&mut cursor, 2, &mut |_, _| n += 1) {
             calls += 1;
         }
-        assert_eq!(n, expected.len());
+        assert_eq!(n, live_entries);
         assert!(
-            calls > expected.len() / 2,
+            calls > live_entries / 2,
             "budget counts slots, {calls} calls"
         );
     }

@@ -227,6 +227,14 @@ impl Store {
         self.slot(loc).map(|s| &s.entry)
     }
 
+    /// The entry of a block hash, as readers see it.
+    pub fn block_ref(&self, hash: u64) -> Option<EntryRef<'_>> {
+        self.block(hash).map(|entry| EntryRef {
+            entry,
+            lists: &self.lists,
+        })
+    }
+
     pub fn get(&self, key: &EntryKey) -> Option<&Entry> {
         match key {
             EntryKey::Block(h) => self.block(*h),

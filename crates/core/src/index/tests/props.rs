@@ -10,10 +10,17 @@ use super::*;
 
 const REPLICAS: [&str; 3] = ["r0", "r1", "r2"];
 
+/// Two chains of four blocks: hashes 0..4 and 4..8. Stored runs are stretches
+/// of one chain with their parent, as engines send them (contract §2: a run
+/// without a parent starts at block 0), in any order, so a run can arrive
+/// before its parent (an orphan) and its parent later.
+const CHAIN_LEN: u64 = 4;
+
 /// One event of one replica.
 #[derive(Clone, Debug)]
 enum Op {
-    Store(usize, Vec<u64>),
+    /// Replica, parent, hashes.
+    Store(usize, Option<u64>, Vec<u64>),
     Remove(usize, Vec<u64>),
     Clear(usize),
     Prefix(usize, u8),
@@ -22,7 +29,12 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let hashes = || proptest::collection::vec(0u64..8, 1..5);
     prop_oneof![
-        4 => (0..3usize, hashes()).prop_map(|(r, h)| Op::Store(r, h)),
+        4 => (0..3usize, 0..2u64, 0..CHAIN_LEN, 1..=CHAIN_LEN).prop_map(|(r, c, from, len)| {
+            let base = c * CHAIN_LEN;
+            let to = (from + len).min(CHAIN_LEN);
+            let parent = (from > 0).then(|| base + from - 1);
+            Op::Store(r, parent, (base + from..base + to).collect())
+        }),
         3 => (0..3usize, hashes()).prop_map(|(r, h)| Op::Remove(r, h)),
         1 => (0..3usize).prop_map(Op::Clear),
         1 => (0..3usize, 0..3u8).prop_map(|(r, p)| Op::Prefix(r, p)),
@@ -32,7 +44,7 @@ fn op() -> impl Strategy<Value = Op> {
 impl Op {
     fn replica(&self) -> &'static str {
         match self {
-            Self::Store(r, _) | Self::Remove(r, _) | Self::Clear(r) | Self::Prefix(r, _) => {
+            Self::Store(r, _, _) | Self::Remove(r, _) | Self::Clear(r) | Self::Prefix(r, _) => {
                 REPLICAS[*r]
             }
         }
@@ -40,7 +52,11 @@ impl Op {
 
     fn event(&self) -> IndexEvent {
         match self {
-            Self::Store(_, h) => stored(h),
+            Self::Store(_, parent, h) => IndexEvent::Stored {
+                parent: *parent,
+                hashes: h.clone(),
+                token_counts: Vec::new(),
+            },
             Self::Remove(_, h) => removed(h),
             Self::Clear(_) => IndexEvent::Cleared,
             Self::Prefix(_, p) => IndexEvent::PrefixStored {
@@ -61,7 +77,7 @@ struct Model {
 impl Model {
     fn apply(&mut self, op: &Op) {
         match op {
-            Op::Store(r, hashes) => {
+            Op::Store(r, _, hashes) => {
                 for h in hashes {
                     self.refs.entry(format!("b{h}")).or_default()[*r] += 1;
                 }
