@@ -181,7 +181,7 @@ def test_admin_snapshot_and_metrics(override_host_stack):
     hold(s, "replica-a", hashes)
     s.envoy.get(chain_headers(hashes))
     snap = requests.get(f"{s.sidecar.admin}/snapshot", timeout=5).json()
-    assert set(snap) == {"generatedAt", "totalEntries", "replicas", "tenants"}
+    assert set(snap) == {"generatedAt", "totalEntries", "orphanEntries", "replicas", "tenants"}
     row = next(r for r in snap["replicas"] if r["replicaId"] == "replica-a")
     assert row["prefixCount"] == len(hashes)
     assert row["endpoint"] == s.by_id["replica-a"].address
@@ -193,3 +193,6 @@ def test_admin_snapshot_and_metrics(override_host_stack):
     assert 'inferencecache_decisions_total{reason="PREFIX_MATCH",path="ext_proc"}' in metrics
     assert "inferencecache_decision_latency_seconds_bucket" in metrics
     assert 'inferencecache_index_entries{tenant="acme"}' in metrics
+    # Every run was stored from block 0: nothing waits in an orphan shard.
+    assert snap["orphanEntries"] == 0
+    assert "\ninferencecache_index_orphan_entries 0\n" in metrics

@@ -217,6 +217,7 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
     json!({
         "generatedAt": now.to_rfc3339(),
         "totalEntries": view.total_entries,
+        "orphanEntries": view.orphan_entries,
         "replicas": replicas,
         "tenants": tenants,
     })

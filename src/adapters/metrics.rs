@@ -491,6 +491,14 @@ impl Collector for IndexCollector {
                 family.encode_family(&labels)?.encode_gauge(&entries)?;
             }
         }
+        encoder
+            .encode_descriptor(
+                "index_orphan_entries",
+                "Index entries stored before their chain's parent; while a scope holds any, its lookups read the orphan shard too",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&view.orphan_entries)?;
         let mut total = encoder.encode_descriptor(
             "index_entries_all",
             "All index entries, every tenant",

@@ -56,6 +56,7 @@ fn snapshot_has_the_contract_shape() {
     let v = snapshot_json(&router.view(now), &router.snapshot(), now);
     assert_eq!(v["generatedAt"], "2023-11-14T22:13:20.000Z");
     assert_eq!(v["totalEntries"], 6);
+    assert_eq!(v["orphanEntries"], 0);
     let replicas = v["replicas"].as_array().unwrap();
     assert_eq!(replicas.len(), 2, "{v}");
     let r1 = replicas.iter().find(|r| r["replicaId"] == "r1").unwrap();

@@ -158,6 +158,11 @@ impl ScopeIndex {
         &self.shards[chain.first().map_or(PREFIX_SHARD, |&h| shard_of_root(h))]
     }
 
+    /// Entries in the orphan shard.
+    pub(crate) fn orphan_entries(&self) -> u64 {
+        self.orphan_entries.load(Ordering::Relaxed)
+    }
+
     /// Whether lookups must read the orphan shard too.
     fn has_orphans(&self) -> bool {
         self.orphan_entries.load(Ordering::Relaxed) > 0

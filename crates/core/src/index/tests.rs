@@ -653,6 +653,24 @@ fn view_reports_prefix_counts_per_replica_and_entries_per_tenant() {
 }
 
 #[test]
+fn the_view_counts_entries_stored_before_their_parent() {
+    let ix = mk_index(u64::MAX);
+    store(&ix, &LRU, "a", "r1", &[1, 2], s(1));
+    let after = |parent: u64, hashes: &[u64]| IndexEvent::Stored {
+        parent: Some(parent),
+        hashes: hashes.to_vec(),
+        token_counts: Vec::new(),
+    };
+    // After a known parent: the chain's shard. After an unknown one: orphans.
+    apply(&ix, &LRU, "a", "r1", &[after(2, &[3])], s(2));
+    apply(&ix, &LRU, "a", "r2", &[after(7, &[8, 9])], s(3));
+    let v = view(&ix, s(4));
+    assert_eq!((v.total_entries, v.orphan_entries), (5, 2));
+    apply(&ix, &LRU, "a", "r2", &[removed(&[8, 9])], s(5));
+    assert_eq!(view(&ix, s(6)).orphan_entries, 0);
+}
+
+#[test]
 fn the_probe_tenant_is_hidden_from_the_view() {
     let ix = mk_index(u64::MAX);
     store(&ix, &LRU, "a", "r1", &[1], s(1));

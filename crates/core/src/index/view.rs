@@ -39,6 +39,9 @@ pub struct TenantEntries {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct IndexView {
     pub total_entries: u64,
+    /// Of those, entries stored before their chain's parent (the orphan shards,
+    /// see `scope.rs`): while a scope has any, its lookups read that shard too.
+    pub orphan_entries: u64,
     pub replicas: Vec<ReplicaView>,
     pub tenants: Vec<TenantEntries>,
 }
@@ -128,6 +131,7 @@ impl super::Index {
             });
             let ttl = ttl_of(id);
             for s in t.scopes.load().iter() {
+                view.orphan_entries += s.orphan_entries();
                 for (_, r) in s.table().iter() {
                     let last = r.live.last_event_at();
                     view.replicas.push(ReplicaView {
