@@ -542,8 +542,14 @@ impl ScopeIndex {
         let mut hint = self.recent.load(Ordering::Relaxed);
         let mut i = 0;
         while i < hashes.len() {
-            // Blocks in no shard have nothing to remove.
-            let Some(s) = self.find_block(hashes[i], hint) else {
+            // Where `slot` holds the block (hashes that do not name one chain
+            // position can be in several shards); nowhere: nothing to remove.
+            let held = |store: &Store, h: u64| {
+                store
+                    .block_ref(h)
+                    .is_some_and(|e| e.holders().contains(slot))
+            };
+            let Some(s) = self.find_where(hint, |store| held(store, hashes[i])) else {
                 i += 1;
                 continue;
             };
@@ -554,7 +560,7 @@ impl ScopeIndex {
             let end = {
                 let store = shard.read();
                 let more = hashes[i + 1..].iter();
-                i + 1 + more.take_while(|&&h| store.block(h).is_some()).count()
+                i + 1 + more.take_while(|&&h| held(&store, h)).count()
             };
             let stretch = &hashes[i..end];
             let (mut sparse, before) = (false, removed);

@@ -739,3 +739,23 @@ fn a_running_probe_leaves_the_index_globally_empty_for_real_tenants() {
         Classified::Known(_)
     ));
 }
+
+/// Hashes that do not name one chain position (a page hash of its own tokens
+/// only, passed through raw): block 3 starts r2's chain and ends r1's, so it is
+/// in two shards, counted in each. A removal takes the copy its replica holds.
+#[test]
+fn a_hash_in_two_chains_is_removed_where_its_replica_holds_it() {
+    let ix = mk_index(u64::MAX);
+    store(&ix, &LRU, "a", "r2", &[3, 4], s(1));
+    store(&ix, &LRU, "a", "r1", &[1, 2, 3], s(2));
+    assert_eq!(ix.tenant_entries("a"), 5);
+    // r1 wrote last, so its copy of 3 is looked at first: r2's removal must
+    // pass it by.
+    apply(&ix, &LRU, "a", "r2", &[removed(&[3])], s(3));
+    assert_eq!(ix.tenant_entries("a"), 4);
+    assert_eq!(prefix_count(&ix, "a", "r1"), Some(3));
+    assert_eq!(prefix_count(&ix, "a", "r2"), Some(1));
+    apply(&ix, &LRU, "a", "r1", &[removed(&[3])], s(4));
+    apply(&ix, &LRU, "a", "r2", &[removed(&[4])], s(4));
+    assert_eq!(survivors(&ix, "a", &[1, 2, 3, 4]), [1, 2]);
+}

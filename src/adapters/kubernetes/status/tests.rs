@@ -158,6 +158,7 @@ fn tenant_index_entries_only_for_the_effective_tenant() {
     let r = resolve_with_pods(&[], &[a.clone(), b.clone()], &[], &[]);
     let view = IndexView {
         total_entries: 7,
+        orphan_entries: 0,
         replicas: vec![],
         tenants: vec![TenantEntries {
             tenant: "acme".into(),
@@ -190,6 +191,7 @@ fn backend_participation_per_declared_replica_with_hit_rate_only_when_reported()
     let r = resolve_with_pods(&[], &[t], std::slice::from_ref(&b), &[]);
     let view = IndexView {
         total_entries: 3,
+        orphan_entries: 0,
         replicas: vec![
             replica("acme", "r0", 3, stats(0.5)),
             replica("acme", "r1", 2, None),
@@ -242,6 +244,7 @@ fn cache_index_follows_the_seed() {
     let r = resolve_with_pods(&[], &[t1, t2, t3], &[], &[]);
     let view = IndexView {
         total_entries: 12,
+        orphan_entries: 0,
         replicas: vec![
             // Same pod name in two namespaces, both reporting: "beta" > "acme" wins.
             replica("acme", "pod-0", 5, stats(0.2)),

@@ -67,6 +67,11 @@ fn replay_replies_in_both_shapes() {
 
 /// A batch of one BlockStored (or BlockRemoved) event, vLLM's array generation.
 fn batch(stored: &[u64], removed: &[u64]) -> Vec<u8> {
+    batch_after(None, stored, removed)
+}
+
+/// [`batch`] whose stored run continues `parent`.
+fn batch_after(parent: Option<u64>, stored: &[u64], removed: &[u64]) -> Vec<u8> {
     let ints = |xs: &[u64]| Value::Array(xs.iter().map(|&x| Value::from(x)).collect());
     let mut events = Vec::new();
     if !stored.is_empty() {
@@ -74,7 +79,7 @@ fn batch(stored: &[u64], removed: &[u64]) -> Vec<u8> {
         events.push(Value::Array(vec![
             Value::from("BlockStored"),
             ints(stored),
-            Value::Nil,
+            parent.map_or(Value::Nil, Value::from),
             ints(&tokens),
             Value::from(4),
             Value::Nil,
@@ -632,8 +637,10 @@ async fn two_ranks_feed_one_replica_and_clear_only_their_own_blocks() {
     until_subscribed(&mut rank0, &m0).await;
     until_subscribed(&mut rank1, &m1).await;
 
+    // Rank 1 continues the same chain after block 2 (it holds 1 and 2 too, but
+    // stored them before we listened).
     rank0.publish(batch(&[1, 2, 3], &[])).await;
-    rank1.publish(batch(&[3, 4], &[])).await;
+    rank1.publish(batch_after(Some(2), &[3, 4], &[])).await;
     wait_for("both ranks' blocks", || entries(&router) == 4).await;
     // Rank 1 drops block 3 (rank 0 still holds it) and names block 1, which it
     // never held: neither may release rank 0's reference.
