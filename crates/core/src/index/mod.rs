@@ -56,6 +56,8 @@ use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
+use store::Padded;
+
 pub use event::{
     IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport, Tier,
 };
@@ -104,8 +106,9 @@ pub struct Index {
     config: IndexConfig,
     tenants: ArcSwap<HashMap<Arc<str>, Arc<TenantIndex>>>,
     directory_lock: Mutex<()>,
-    total_entries: AtomicU64,
-    counters: Counters,
+    /// Bumped by writers, so on cache lines of their own: lookups load `tenants`.
+    total_entries: Padded<AtomicU64>,
+    counters: Padded<Counters>,
     cap_sweep: Mutex<()>,
 }
 
@@ -115,8 +118,8 @@ impl Index {
             config,
             tenants: ArcSwap::from_pointee(HashMap::new()),
             directory_lock: Mutex::new(()),
-            total_entries: AtomicU64::new(0),
-            counters: Counters::default(),
+            total_entries: Padded(AtomicU64::new(0)),
+            counters: Padded::default(),
             cap_sweep: Mutex::new(()),
         }
     }

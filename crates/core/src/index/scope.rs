@@ -37,7 +37,9 @@ use super::pending::Pending;
 use super::prefills::Prefills;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::shard::{Departed, ORPHANS, SHARDS, Shard, shard_of_root};
-use super::store::{EntryKey, EntryKeyRef, EntryRef, Loc, Planned, PrefixEntry, Slot, Store};
+use super::store::{
+    EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
+};
 use crate::scope::ScopeKey;
 
 /// The shard legacy prefix entries live in (they form no chains).
@@ -66,16 +68,14 @@ pub struct ScopeIndex {
     shards: [Shard; SHARDS + 1],
     /// Where the last few emptied blocks were (writers only).
     departed: Mutex<Departed>,
-    /// The shard last written: where the next event's parent usually is.
-    recent: AtomicUsize,
     /// Entries in the orphan shard ([`ORPHANS`]): while there are any, lookups
     /// read it beside their chain's shard.
     orphan_entries: AtomicU64,
     table: ArcSwap<ReplicaTable>,
     table_lock: Mutex<()>,
-    entries: AtomicU64,
-    /// Newest stamp that stored an entry here (ns).
-    last_store: AtomicU64,
+    /// What writers bump on every event, on cache lines of its own: lookups
+    /// read the fields around it on every call.
+    writes: Padded<Writes>,
     round_robin: AtomicUsize,
     /// Chains just routed here, held until the engine confirms (`pending.rs`).
     pub(crate) pending: Pending,
@@ -85,6 +85,16 @@ pub struct ScopeIndex {
     /// Set for good once a replica reports a block in a lower tier: until then
     /// lookups take the GPU-only walk, and pay nothing for tiers.
     lower_tiers: AtomicBool,
+}
+
+/// A scope's counters that every event's writer bumps.
+#[derive(Default)]
+struct Writes {
+    entries: AtomicU64,
+    /// Newest stamp that stored an entry here (ns).
+    last_store: AtomicU64,
+    /// The shard last written: where the next event's parent usually is.
+    recent: AtomicUsize,
 }
 
 /// A chain's match with memory tiers: per serving member its run through blocks
@@ -101,12 +111,10 @@ impl ScopeIndex {
             key,
             shards: std::array::from_fn(|_| Shard::default()),
             departed: Mutex::default(),
-            recent: AtomicUsize::new(0),
             orphan_entries: AtomicU64::new(0),
             table: ArcSwap::from_pointee(ReplicaTable::default()),
             table_lock: Mutex::new(()),
-            entries: AtomicU64::new(0),
-            last_store: AtomicU64::new(0),
+            writes: Padded::default(),
             round_robin: AtomicUsize::new(0),
             pending: Pending::default(),
             prefills: Prefills::default(),
@@ -123,7 +131,7 @@ impl ScopeIndex {
     }
 
     pub(crate) fn entries(&self) -> u64 {
-        self.entries.load(Ordering::Relaxed)
+        self.writes.entries.load(Ordering::Relaxed)
     }
 
     /// The shard holding block `hash`, looking in `first` before the others.
@@ -142,7 +150,7 @@ impl ScopeIndex {
     /// The shard an entry is in (for a block, wherever it is; absent blocks
     /// have none).
     fn shard_of_key(&self, key: &EntryKey) -> Option<usize> {
-        self.shard_of_key_from(key, self.recent.load(Ordering::Relaxed))
+        self.shard_of_key_from(key, self.writes.recent.load(Ordering::Relaxed))
     }
 
     /// [`Self::shard_of_key`], looking in `seen` (where a scan saw it) first.
@@ -195,7 +203,7 @@ impl ScopeIndex {
             let root = shard_of_root(first);
             return self.find_block(first, root).unwrap_or(root);
         }
-        let hint = self.recent.load(Ordering::Relaxed);
+        let hint = self.writes.recent.load(Ordering::Relaxed);
         let home = parent
             .and_then(|p| self.find_block(p, hint))
             .or_else(|| self.find_block(first, hint))
@@ -206,7 +214,7 @@ impl ScopeIndex {
                     .or_else(|| departed.shard_of(first))
             })
             .unwrap_or(ORPHANS);
-        self.recent.store(home, Ordering::Relaxed);
+        self.writes.recent.store(home, Ordering::Relaxed);
         home
     }
 
@@ -246,7 +254,8 @@ impl ScopeIndex {
     /// at most the newest store, so once that is older than `ttl` all of them have
     /// expired, even before the sweep removes them.
     pub(crate) fn may_hold_usable_entries(&self, now: u64, ttl: u64) -> bool {
-        self.entries() > 0 && now.saturating_sub(self.last_store.load(Ordering::Relaxed)) <= ttl
+        self.entries() > 0
+            && now.saturating_sub(self.writes.last_store.load(Ordering::Relaxed)) <= ttl
     }
 
     // ----- replicas (callers hold the tenant's writer lock) -----
@@ -362,18 +371,19 @@ impl ScopeIndex {
     // ----- writes (callers hold the tenant's writer lock) -----
 
     fn note_store(&self, stamp: u64) {
-        self.last_store.fetch_max(stamp, Ordering::Relaxed);
+        self.writes.last_store.fetch_max(stamp, Ordering::Relaxed);
     }
 
     fn add_entries(&self, n: u64) {
         if n > 0 {
-            self.entries.fetch_add(n, Ordering::Relaxed);
+            self.writes.entries.fetch_add(n, Ordering::Relaxed);
         }
     }
 
     fn sub_entries(&self, n: u64) {
         if n > 0 {
             let _ = self
+                .writes
                 .entries
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
                     Some(c.saturating_sub(n))
@@ -539,7 +549,7 @@ impl ScopeIndex {
     pub(crate) fn remove_blocks(&self, slot: u32, live: &ReplicaLive, hashes: &[u64]) -> u64 {
         let (mut removed, mut released) = (0u64, 0u64);
         let mut gone: SmallVec<[(u64, usize); 16]> = SmallVec::new();
-        let mut hint = self.recent.load(Ordering::Relaxed);
+        let mut hint = self.writes.recent.load(Ordering::Relaxed);
         let mut i = 0;
         while i < hashes.len() {
             // Where `slot` holds the block (hashes that do not name one chain
@@ -594,7 +604,7 @@ impl ScopeIndex {
                 departed.note(h, s);
             }
         }
-        self.recent.store(hint, Ordering::Relaxed);
+        self.writes.recent.store(hint, Ordering::Relaxed);
         self.sub_entries(removed);
         live.sub_prefixes(released);
         removed

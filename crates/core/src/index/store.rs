@@ -806,11 +806,19 @@ pub fn prefix_seed(prefix: &str) -> u64 {
     foldhash::fast::FixedState::with_seed(0x1e6a_c9e0_0000_0001).hash_one(prefix)
 }
 
-/// A value alone on its cache lines, so the lock word of one scope never shares a
-/// line with another's.
+/// A value alone on its cache lines, so the lock word of one shard never shares a
+/// line with another's, and what writers bump never shares one with what lookups
+/// read.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 #[cfg(test)]
 mod tests {

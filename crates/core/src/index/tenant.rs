@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use super::Index;
 use super::eviction::VictimCache;
 use super::scope::ScopeIndex;
+use super::store::Padded;
 use crate::policy::EvictionAlgorithm;
 use crate::scope::ScopeRef;
 
@@ -41,8 +42,9 @@ impl TenantWriter {
 pub(crate) struct TenantIndex {
     pub(super) id: Arc<str>,
     pub(super) scopes: ArcSwap<Vec<Arc<ScopeIndex>>>,
-    pub(super) writer: Mutex<TenantWriter>,
-    entries: AtomicU64,
+    /// Taken by every event, so on cache lines of its own: lookups load `scopes`.
+    pub(super) writer: Padded<Mutex<TenantWriter>>,
+    entries: Padded<AtomicU64>,
 }
 
 impl TenantIndex {
@@ -50,11 +52,11 @@ impl TenantIndex {
         Self {
             id: Arc::from(id),
             scopes: ArcSwap::from_pointee(Vec::new()),
-            writer: Mutex::new(TenantWriter {
+            writer: Padded(Mutex::new(TenantWriter {
                 clock: 0,
                 victims: VictimCache::default(),
-            }),
-            entries: AtomicU64::new(0),
+            })),
+            entries: Padded(AtomicU64::new(0)),
         }
     }
 
