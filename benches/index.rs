@@ -14,7 +14,9 @@
 //! mixed decisions and N writer iterations on one thread (for callgrind); IC_BENCH_WRITER_OTHER_SCOPE=1 makes
 //! the concurrent writer write to another scope (separates lock contention from
 //! memory interference); IC_BENCH_TIERS=1 adds one CPU-tier block to the scope
-//! (lookups then take the tiered walk); IC_BENCH_LOAD=disabled runs the decision with
+//! (lookups then take the tiered walk); IC_BENCH_ORPHANS=1 adds one block stored
+//! after an unknown parent (lookups then read the orphan shard too);
+//! IC_BENCH_LOAD=disabled runs the decision with
 //! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
 //! The CPU-time row gives the write rates per CPU-second of the writing thread
 //! (Linux schedstat), which leaves out waits for a core on a shared host.
@@ -226,16 +228,35 @@ fn main() {
     let rss_after = rss_bytes();
     // IC_BENCH_TIERS=1: one CPU-tier block elsewhere in the scope, so every lookup
     // takes the tiered walk (same answers: the chains are on GPU).
+    // (Its GPU copy first, so the CPU copy joins its chain's shard, not the orphans.)
+    let stored = |parent, hashes| IndexEvent::Stored {
+        parent,
+        hashes,
+        token_counts: Vec::new(),
+    };
+    let mut extra = Vec::new();
     if std::env::var("IC_BENCH_TIERS").is_ok_and(|v| v == "1") {
-        let cpu = [IndexEvent::TierStored {
+        extra.push(stored(None, vec![0x7153_0000_0000_0001]));
+        extra.push(IndexEvent::TierStored {
             tier: inferencecache_core::index::Tier::Cpu,
             hashes: vec![0x7153_0000_0000_0001],
-        }];
+        });
+    }
+    // IC_BENCH_ORPHANS=1: one block stored after a parent the index never saw, so
+    // every lookup in the scope also holds the orphan shard's read lock and looks
+    // there for the block where its chain's shard ends.
+    if std::env::var("IC_BENCH_ORPHANS").is_ok_and(|v| v == "1") {
+        extra.push(stored(
+            Some(0x0c0f_0000_0000_0001),
+            vec![0x0c0f_0000_0000_0002],
+        ));
+    }
+    if !extra.is_empty() {
         let batch = IngestBatch {
             scope,
             replica_id: &ids[0],
             endpoint: &endpoints[0],
-            events: &cpu,
+            events: &extra,
         };
         black_box(router.ingest(&batch, now).ok());
     }

@@ -17,6 +17,9 @@ const DEADLINE_STRIDE: usize = 1024;
 
 pub(crate) struct LeadingRuns<'a> {
     pub store: &'a Store,
+    /// The scope's orphan shard while it has entries: where the walk goes on
+    /// when a block is not in `store` (no block is in both; `scope.rs`).
+    pub orphans: Option<&'a Store>,
     /// Serving (and candidate) replicas as a bitset over slots.
     pub serving: &'a [u64],
     pub now: u64,
@@ -59,8 +62,9 @@ impl LeadingRuns<'_> {
         let mut timed_out = false;
         // The holders of the block before: a block with the very same holders (most
         // of a run stored by one event) cannot drop anyone, so it needs no mask.
+        // (Per store: a spilled holder list is an index into its store's lists.)
         let mut previous = None;
-        let visit = |i: usize, e: EntryRef<'_>| {
+        let mut visit = |i: usize, e: EntryRef<'_>, previous: &mut Option<_>| {
             if TIMED
                 && i % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
                 && self.deadline.is_some_and(|d| Instant::now() >= d)
@@ -71,10 +75,10 @@ impl LeadingRuns<'_> {
             if !e.is_fresh(self.now, self.ttl) {
                 return false;
             }
-            if previous == Some(e.holders) {
+            if *previous == Some(e.holders) {
                 return true;
             }
-            previous = Some(e.holders);
+            *previous = Some(e.holders);
             holders_into(e, held_w);
             let mut any = 0u64;
             for (w, ((a, h), s)) in alive_w
@@ -98,26 +102,55 @@ impl LeadingRuns<'_> {
         };
         // The untimed walk passes over blocks that repeat the holders before them
         // (the visit would return at once); the timed one visits every block, for
-        // the deadline checks.
-        let end = if TIMED {
-            self.store.walk(chain, visit)
-        } else {
-            self.store
-                .walk_grouped(chain, fresh_from(self.now, self.ttl), visit)
-        };
-        if timed_out {
-            return Err(Timeout);
-        }
-        for (w, &word) in alive_w.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let bit = bits.trailing_zeros() as usize;
-                slot_runs[w * 64 + bit] = end as u32;
-                bits &= bits - 1;
+        // the deadline checks. A walk that ends at a block its store lacks goes on
+        // in the orphan shard when that has the block, and back.
+        let (mut store, mut other) = (self.store, self.orphans);
+        let mut from = 0;
+        let end = loop {
+            let mut stopped = false;
+            let step = |i: usize, e: EntryRef<'_>| {
+                let go = visit(from + i, e, &mut previous);
+                stopped |= !go;
+                go
+            };
+            let part = &chain[from..];
+            let end = from
+                + if TIMED {
+                    store.walk(part, step)
+                } else {
+                    store.walk_grouped(part, fresh_from(self.now, self.ttl), step)
+                };
+            match other {
+                Some(o) if !stopped && end < chain.len() && o.block(chain[end]).is_some() => {
+                    (store, other, from, previous) = (o, Some(store), end, None);
+                }
+                _ => break end,
             }
-        }
-        Ok(())
+        };
+        finish(timed_out, alive_w, end, slot_runs)
     }
+}
+
+/// The members still alive where the walk ended hold the chain up to `end`.
+#[inline]
+fn finish(
+    timed_out: bool,
+    alive: &[u64],
+    end: usize,
+    slot_runs: &mut [u32],
+) -> Result<(), Timeout> {
+    if timed_out {
+        return Err(Timeout);
+    }
+    for (w, &word) in alive.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as usize;
+            slot_runs[w * 64 + bit] = end as u32;
+            bits &= bits - 1;
+        }
+    }
+    Ok(())
 }
 
 /// The entry's holders as a bitset over slots.

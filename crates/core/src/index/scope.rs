@@ -757,13 +757,15 @@ impl ScopeIndex {
         if serving.is_empty() || chain.is_empty() {
             return Ok(());
         }
-        if self.has_orphans() {
-            return self.match_chain_with_orphans(chain, serving, now, ttl, deadline, runs);
-        }
         let store = self.chain_shard(chain).read_within(deadline)?;
+        let orphans = match self.has_orphans() {
+            true => Some(self.shards[ORPHANS].read_within(deadline)?),
+            false => None,
+        };
         let words = serving.slot_bits().len();
         let walk = LeadingRuns {
             store: &store,
+            orphans: orphans.as_deref(),
             serving: serving.slot_bits(),
             now,
             ttl,
@@ -786,48 +788,6 @@ impl ScopeIndex {
             let mut slot_runs = vec![0u32; words * 64];
             walk.run(vec![0u64; words], vec![0u64; words], chain, &mut slot_runs)?;
             member_runs(members, &slot_runs, runs);
-        }
-        Ok(())
-    }
-
-    /// [`Self::match_chain`] while the orphan shard has entries: block by block in
-    /// the chain's shard or the orphan shard, each live member tested on its own.
-    /// Slower than the chain walk, and needed only while a chain's blocks may be
-    /// in two shards.
-    fn match_chain_with_orphans(
-        &self,
-        chain: &[u64],
-        serving: &ServingSet,
-        now: u64,
-        ttl: u64,
-        deadline: Option<Instant>,
-        runs: &mut [u32],
-    ) -> Result<(), Timeout> {
-        let store = self.chain_shard(chain).read_within(deadline)?;
-        let orphans = self.shards[ORPHANS].read_within(deadline)?;
-        let members = serving.members();
-        let mut alive: SmallVec<[u16; 32]> = (0..members.len() as u16).collect();
-        let mut timed_out = false;
-        walk_either(&store, Some(&orphans), chain, |i, e| {
-            if i % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
-                timed_out = true;
-                return false;
-            }
-            if !e.is_fresh(now, ttl) {
-                return false;
-            }
-            let holders = e.holders();
-            alive.retain(|m| {
-                let held = holders.contains(members[*m as usize]);
-                if held {
-                    runs[*m as usize] = i as u32 + 1;
-                }
-                held
-            });
-            !alive.is_empty()
-        });
-        if timed_out {
-            return Err(Timeout);
         }
         Ok(())
     }
@@ -1035,24 +995,29 @@ impl ScopeIndex {
 }
 
 /// Calls `visit(i, entry)` for the chain's blocks while they exist and `visit`
-/// returns true: in `store` (the chain's shard), or, while there are orphans,
-/// in it or `orphans` block by block (no block is in both).
+/// returns true: in `store` (the chain's shard) and, while there are orphans,
+/// on in `orphans` from a block `store` lacks, and back (no block is in both).
 fn walk_either(
     store: &Store,
     orphans: Option<&Store>,
     chain: &[u64],
     mut visit: impl FnMut(usize, EntryRef<'_>) -> bool,
 ) {
-    let Some(orphans) = orphans else {
-        store.walk(chain, visit);
-        return;
-    };
-    for (i, &h) in chain.iter().enumerate() {
-        let Some(e) = store.block_ref(h).or_else(|| orphans.block_ref(h)) else {
-            return;
-        };
-        if !visit(i, e) {
-            return;
+    let (mut store, mut other) = (store, orphans);
+    let mut from = 0;
+    loop {
+        let mut stopped = false;
+        let end = from
+            + store.walk(&chain[from..], |i, e| {
+                let go = visit(from + i, e);
+                stopped |= !go;
+                go
+            });
+        match other {
+            Some(o) if !stopped && end < chain.len() && o.block(chain[end]).is_some() => {
+                (store, other, from) = (o, Some(store), end);
+            }
+            _ => return,
         }
     }
 }
@@ -1168,6 +1133,39 @@ mod tests {
         let mut runs = [0u32; 1];
         let got = scope.match_chain(&chain, &serving, 1, 100, Some(deadline), &mut runs);
         assert_eq!((got, runs), (Ok(()), [8]));
+    }
+
+    #[test]
+    fn a_lookup_walks_on_through_the_orphan_shard_and_back() {
+        let scope = ScopeIndex::new(ScopeRef::new("t", "m", "s").to_owned());
+        let (a, live_a) = scope.resolve_replica("a", "10.0.0.1:8000", 1, Touch::Event);
+        let (b, live_b) = scope.resolve_replica("b", "10.0.0.2:8000", 1, Touch::Event);
+        let chain = spread_chain(8, 4);
+        // Blocks 5 and 6 before their parent: orphans. Then the whole chain from
+        // its root: 0..5 and 7 in the root's shard, 5 and 6 stay where they are.
+        scope.insert_blocks(a, &live_a, Some(chain[4]), &chain[5..7], |_| 1);
+        scope.insert_blocks(a, &live_a, None, &chain, |_| 1);
+        scope.insert_blocks(b, &live_b, None, &chain[..3], |_| 1);
+        assert_eq!(scope.orphan_entries(), 2);
+        let store = scope.chain_shard(&chain).read();
+        assert!(store.block(chain[5]).is_none() && store.block(chain[7]).is_some());
+        drop(store);
+        let serving = scope.serving(1, 100, &[]);
+        for deadline in [
+            None,
+            Some(Instant::now() + std::time::Duration::from_secs(5)),
+        ] {
+            let mut runs = [0u32; 2];
+            scope
+                .match_chain(&chain, &serving, 1, 100, deadline, &mut runs)
+                .unwrap();
+            assert_eq!(runs, [8, 3]);
+            let mut runs = [0u32; 2];
+            scope
+                .match_chain(&chain[..6], &serving, 1, 100, deadline, &mut runs)
+                .unwrap();
+            assert_eq!(runs, [6, 3]);
+        }
     }
 
     #[test]
