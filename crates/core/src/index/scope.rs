@@ -3,20 +3,25 @@
 //! ```text
 //! ScopeIndex (tenant, model, hash_scheme)
 //!  ├─ table: ArcSwap<ReplicaTable>   slot → replica (id, endpoint, live counters)
-//!  └─ shards: [Shard; 16]            each a RwLock<Store>:
+//!  └─ shards: [Shard; 16 + 1]        each a RwLock<Store>:
 //!                                    block hash → Entry { holders(slot, refs), lastSeen, accesses }
 //! ```
 //!
 //! A chain lives in one shard, chosen by its first block: a run stored with no
-//! parent starts a chain and goes to [`shard_of_root`]; a run with a parent goes
+//! parent starts a chain and goes to `shard_of_root`; a run with a parent goes
 //! where its parent is. So a lookup takes one shard's read lock once and walks the
 //! chain (see `store.rs` for why that walk touches few cache lines), and a writer
 //! storing or removing another chain's blocks never meets it (see `shard.rs` for
-//! the bounded holds within a shard). Where a run's parent is in no shard, the run
-//! goes where its first block already is, or was last removed from ([`Departed`],
-//! for a lower tier's copy that follows its GPU removal), or to the parent's root
-//! shard: a run whose chain is broken there can be missed by a lookup (a shorter
-//! match, never a wrong one). Sweeps, clears and scans visit the shards in turn.
+//! the bounded holds within a shard).
+//!
+//! A run whose parent is in no shard goes where its first block already is, or
+//! was last removed from (`Departed`: a lower tier's copy follows its GPU
+//! removal), or else to the orphan shard (`ORPHANS`). While that has entries a
+//! lookup holds its lock too and walks on in it from a block its chain's shard
+//! lacks (`leading_run.rs`), so a run stored before its parent counts once the
+//! parent comes. A block already stored stays where it is (`ScopeIndex::targets`),
+//! so for hashes that name one chain position no block is in two shards and every
+//! count is exact. Sweeps, clears and scans visit the shards in turn.
 
 use std::cell::Cell;
 use std::sync::Arc;
