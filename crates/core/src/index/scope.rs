@@ -181,19 +181,17 @@ impl ScopeIndex {
         self.orphan_entries.load(Ordering::Relaxed) > 0
     }
 
-    /// `n` entries were created (`sign` 1) or removed (-1) in `shard`.
-    fn count_orphans(&self, shard: usize, n: u64, sign: i8) {
-        if shard != ORPHANS || n == 0 {
-            return;
-        }
-        if sign > 0 {
+    /// `n` entries were created in `shard`.
+    fn created_in(&self, shard: usize, n: u64) {
+        if shard == ORPHANS && n > 0 {
             self.orphan_entries.fetch_add(n, Ordering::Relaxed);
-        } else {
-            let _ = self
-                .orphan_entries
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                    Some(c.saturating_sub(n))
-                });
+        }
+    }
+
+    /// `n` entries were removed from `shard`.
+    fn removed_from(&self, shard: usize, n: u64) {
+        if shard == ORPHANS {
+            saturating_sub(&self.orphan_entries, n);
         }
     }
 
@@ -386,14 +384,7 @@ impl ScopeIndex {
     }
 
     fn sub_entries(&self, n: u64) {
-        if n > 0 {
-            let _ = self
-                .writes
-                .entries
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                    Some(c.saturating_sub(n))
-                });
-        }
+        saturating_sub(&self.writes.entries, n);
     }
 
     /// Lowers the prefix counts of every holder of a removed entry.
@@ -431,7 +422,7 @@ impl ScopeIndex {
             let n = self.insert_in(shard, slot, live, after, &hashes[i..end], |j| {
                 stamp_of(i + j)
             });
-            self.count_orphans(shard, n, 1);
+            self.created_in(shard, n);
             created += n;
             i = end;
         }
@@ -542,7 +533,7 @@ impl ScopeIndex {
             },
         };
         drop(guard);
-        self.count_orphans(home, u64::from(created), 1);
+        self.created_in(home, u64::from(created));
         self.add_entries(u64::from(created));
         live.add_prefixes(u64::from(newly_held));
         self.note_store(stamp);
@@ -600,7 +591,7 @@ impl ScopeIndex {
                 drop(store);
                 drop(emptied);
             }
-            self.count_orphans(s, removed - before, -1);
+            self.removed_from(s, removed - before);
             i = end;
         }
         if !gone.is_empty() {
@@ -653,7 +644,7 @@ impl ScopeIndex {
                 },
                 |_| {},
             );
-            self.count_orphans(s, removed - before, -1);
+            self.removed_from(s, removed - before);
         }
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
@@ -676,7 +667,7 @@ impl ScopeIndex {
         };
         let Some(holders) = taken else { return false };
         self.release_holders(&holders);
-        self.count_orphans(s, 1, -1);
+        self.removed_from(s, 1);
         self.sub_entries(1);
         true
     }
@@ -709,7 +700,7 @@ impl ScopeIndex {
                     evicted += taken.len() as u64;
                 },
             );
-            self.count_orphans(s, evicted - before, -1);
+            self.removed_from(s, evicted - before);
         }
         self.sub_entries(evicted);
         evicted
@@ -1024,6 +1015,15 @@ fn walk_either(
             }
             _ => return,
         }
+    }
+}
+
+/// Lowers a count by `n`, never below 0.
+fn saturating_sub(counter: &AtomicU64, n: u64) {
+    if n > 0 {
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(c.saturating_sub(n))
+        });
     }
 }
 
