@@ -45,6 +45,7 @@ use super::shard::{Departed, ORPHANS, SHARDS, Shard, shard_of_root};
 use super::store::{
     EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
 };
+use super::view::Counters;
 use crate::scope::ScopeKey;
 
 /// The shard legacy prefix entries live in (they form no chains).
@@ -191,7 +192,7 @@ impl ScopeIndex {
     /// `n` entries were removed from `shard`.
     fn removed_from(&self, shard: usize, n: u64) {
         if shard == ORPHANS {
-            saturating_sub(&self.orphan_entries, n);
+            Counters::sub(&self.orphan_entries, n);
         }
     }
 
@@ -384,7 +385,7 @@ impl ScopeIndex {
     }
 
     fn sub_entries(&self, n: u64) {
-        saturating_sub(&self.writes.entries, n);
+        Counters::sub(&self.writes.entries, n);
     }
 
     /// Lowers the prefix counts of every holder of a removed entry.
@@ -1015,15 +1016,6 @@ fn walk_either(
             }
             _ => return,
         }
-    }
-}
-
-/// Lowers a count by `n`, never below 0.
-fn saturating_sub(counter: &AtomicU64, n: u64) {
-    if n > 0 {
-        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-            Some(c.saturating_sub(n))
-        });
     }
 }
 

@@ -12,6 +12,7 @@ use super::Index;
 use super::eviction::VictimCache;
 use super::scope::ScopeIndex;
 use super::store::Padded;
+use super::view::Counters;
 use crate::policy::EvictionAlgorithm;
 use crate::scope::ScopeRef;
 
@@ -138,14 +139,7 @@ impl Index {
     }
 
     pub(super) fn sub_entries(&self, tenant: &TenantIndex, n: u64) {
-        if n > 0 {
-            let sub = |c: &AtomicU64| {
-                let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    Some(v.saturating_sub(n))
-                });
-            };
-            sub(&tenant.entries);
-            sub(&self.total_entries);
-        }
+        Counters::sub(&tenant.entries, n);
+        Counters::sub(&self.total_entries, n);
     }
 }

@@ -68,6 +68,15 @@ impl Counters {
         }
     }
 
+    /// Lowers a count (entries) by `n`, never below 0.
+    pub fn sub(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c.saturating_sub(n))
+            });
+        }
+    }
+
     pub fn view(&self) -> CountersView {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CountersView {
