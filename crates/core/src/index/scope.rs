@@ -673,6 +673,35 @@ impl ScopeIndex {
         true
     }
 
+    /// Removes from shard `s` each victim that is still as the victim scan saw
+    /// it (same accesses and lastSeen), in bounded write holds that let go when
+    /// a lookup waits; returns how many went. The cap sweep's path: a hold per
+    /// victim made every victim a lock round trip for its shard's lookups.
+    pub(crate) fn evict_unchanged(&self, s: usize, victims: &[(EntryKey, (u32, u64))]) -> u64 {
+        let mut evicted = 0u64;
+        self.shards[s].remove_in_turns(
+            victims,
+            |store, (key, seen), taken| {
+                if store
+                    .get(key)
+                    .is_some_and(|e| (e.accesses(), e.last_seen()) == *seen)
+                    && let Some(h) = store.take(key)
+                {
+                    taken.push(h);
+                }
+            },
+            |taken| {
+                for h in taken.iter() {
+                    self.release_holders(h);
+                }
+                evicted += taken.len() as u64;
+            },
+        );
+        self.removed_from(s, evicted);
+        self.sub_entries(evicted);
+        evicted
+    }
+
     /// Removes every entry older than `ttl`, a bounded batch per write-lock hold.
     pub(crate) fn sweep_expired(&self, now: u64, ttl: u64) -> u64 {
         let mut evicted = 0u64;

@@ -15,7 +15,7 @@ use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use super::lock::{ReaderFirst, Timeout, Turn};
-use super::store::{Cursor, EntryKey, EntryKeyRef, EntryRef, Padded, Store};
+use super::store::{Cursor, EntryKeyRef, EntryRef, Padded, Store};
 
 /// How many shards a scope's store is split into. A lookup meets a writer only
 /// when both chains hash to one shard, about one time in sixteen; more shards
@@ -147,10 +147,10 @@ impl Shard {
     /// (`write_planned`): a sweep or clear of a large shard would otherwise keep
     /// lookups out for a whole batch (tens of µs). What `step` puts in its vector
     /// is handed to `between` after each hold, off the lock, then dropped.
-    pub(crate) fn remove_in_turns<H>(
+    pub(crate) fn remove_in_turns<K, H>(
         &self,
-        keys: &[EntryKey],
-        mut step: impl FnMut(&mut Store, &EntryKey, &mut Vec<H>),
+        keys: &[K],
+        mut step: impl FnMut(&mut Store, &K, &mut Vec<H>),
         mut between: impl FnMut(&[H]),
     ) {
         let mut out = Vec::new();

@@ -36,13 +36,14 @@ impl Index {
                 let mut writer = tenant.writer.lock();
                 while tenant.entries() > quota {
                     let excess = tenant.entries() - quota;
-                    if !self.evict_one(
+                    if self.evict_some(
                         &tenant,
                         &mut writer,
                         limits.eviction,
                         excess,
                         &self.counters.evicted_quota,
-                    ) {
+                    ) == 0
+                    {
                         break;
                     }
                 }
@@ -81,21 +82,47 @@ impl Index {
             let mut writer = largest.writer.lock();
             let mut evicted = 0;
             while evicted < batch && self.over_cap() {
-                if !self.evict_one(
+                let excess = self.total_entries().saturating_sub(self.config.max_entries);
+                let went = self.evict_some(
                     largest,
                     &mut writer,
                     algo,
-                    batch - evicted,
+                    (batch - evicted).min(excess),
                     &self.counters.evicted_cap,
-                ) {
+                );
+                if went == 0 {
                     break;
                 }
-                evicted += 1;
+                evicted += went;
             }
             if evicted == 0 {
                 return;
             }
         }
+    }
+
+    /// Evicts up to `wanted` (at least one) of the tenant's next victims:
+    /// under LRU a shard's victims go together in bounded holds, under LFU one
+    /// at a time (a credited victim may still precede the rest of the cache,
+    /// so each one is checked on its own). Returns how many went.
+    fn evict_some(
+        &self,
+        tenant: &TenantIndex,
+        writer: &mut TenantWriter,
+        algo: EvictionAlgorithm,
+        wanted: u64,
+        cause: &AtomicU64,
+    ) -> u64 {
+        if algo != EvictionAlgorithm::Lru {
+            return u64::from(self.evict_one(tenant, writer, algo, wanted, cause));
+        }
+        let scopes = tenant.scopes.load_full();
+        let went = writer
+            .victims
+            .evict_lru_batch(&scopes, tenant.entries(), wanted);
+        self.sub_entries(tenant, went);
+        Counters::add(cause, went);
+        went
     }
 
     pub(super) fn evict_one(

@@ -199,6 +199,38 @@ fn lru_a_refreshed_entry_moves_behind_the_others() {
     assert_eq!(survivors(&ix, "a", &[1, 2, 3, 4, 5]), [2, 4, 5]);
 }
 
+#[test]
+fn lru_cap_sweep_in_batches_evicts_exactly_the_oldest_across_shards() {
+    // 300 one-block chains (their roots spread over every shard), a second apart.
+    let hashes: Vec<u64> = (1..=300).collect();
+    let ix = mk_index(200);
+    store_each(&ix, &LRU, "a", &hashes, 1);
+    ix.sweep_cap(&|_| Lru);
+    assert_eq!(
+        survivors(&ix, "a", &hashes),
+        (101..=300).collect::<Vec<_>>()
+    );
+    assert_eq!(ix.counters().evicted_cap, 100);
+    // The victim cache now holds the next oldest, 101.. . Refresh every third of
+    // 101..=160 and store 60 new blocks: the 60 oldest of the rest go, the
+    // refreshed ones stay although the cache listed them first.
+    let refreshed: Vec<u64> = (101..=160).step_by(3).collect();
+    for (i, h) in refreshed.iter().enumerate() {
+        store(&ix, &LRU, "a", "r2", &[*h], s(400 + i as u64));
+    }
+    let fresh: Vec<u64> = (1001..=1060).collect();
+    store_each(&ix, &LRU, "a", &fresh, 500);
+    ix.sweep_cap(&|_| Lru);
+    assert_eq!(ix.total_entries(), 200);
+    assert_eq!(ix.counters().evicted_cap, 160);
+    let kept: Vec<u64> = (101..=300)
+        .filter(|h| refreshed.contains(h) || *h > 100 + 60 + refreshed.len() as u64)
+        .chain(fresh.iter().copied())
+        .collect();
+    let all: Vec<u64> = hashes.iter().chain(fresh.iter()).copied().collect();
+    assert_eq!(survivors(&ix, "a", &all), kept);
+}
+
 /// Four entries 1..=4 stored a second apart; 1 credited twice, 2 and 3 once.
 fn credited_four(ix: &Index, l: &TenantLimits) {
     store_each(ix, l, "a", &[1, 2, 3, 4], 1);
