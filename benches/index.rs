@@ -31,7 +31,7 @@ use std::time::Instant;
 use inferencecache_core::Router;
 use inferencecache_core::decision::outcome::ReasonCode;
 use inferencecache_core::decision::request::LookupRequest;
-use inferencecache_core::index::{IndexConfig, IndexEvent, IngestBatch};
+use inferencecache_core::index::{IndexConfig, IndexEvent, IngestBatch, contended_reads};
 use inferencecache_core::policy::{LoadAwareness, ResolvedPolicy};
 use inferencecache_core::scope::ScopeRef;
 use inferencecache_core::snapshot::PolicySnapshot;
@@ -424,9 +424,12 @@ fn main() {
         })
     };
     let start = Instant::now();
+    let waits_before = contended_reads();
     let busy = timed(&router);
     let busy_secs = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
+    let busy_waits = contended_reads();
+    let busy_waits = (busy_waits.0 - waits_before.0, busy_waits.1 - waits_before.1);
     let writer_cpu = writer.join().ok().flatten();
     let writer_rate = written.load(Ordering::Relaxed) as f64 / busy_secs;
 
@@ -520,7 +523,7 @@ fn main() {
     // Each row is paired with the same router's quiet decisions just before the
     // operation: this router holds twice the entries of the main one (larger
     // tables, more cache misses), so its quiet figure is the fair baseline.
-    let during = |work: &(dyn Fn() + Sync)| -> (Vec<u64>, Vec<u64>, f64, u64) {
+    let during = |work: &(dyn Fn() + Sync)| -> (Vec<u64>, Vec<u64>, f64, u64, (u64, u64)) {
         let peak = sweeps.index().total_entries();
         let mut before: Vec<u64> = queries
             .iter()
@@ -536,6 +539,7 @@ fn main() {
         let done = AtomicBool::new(false);
         let mut lat = Vec::new();
         let mut secs = 0.0;
+        let waits_before = contended_reads();
         std::thread::scope(|s| {
             let worker = s.spawn(|| {
                 let t = Instant::now();
@@ -553,8 +557,13 @@ fn main() {
             }
             secs = worker.join().unwrap_or(0.0);
         });
+        let waits_after = contended_reads();
+        let waits = (
+            waits_after.0 - waits_before.0,
+            waits_after.1 - waits_before.1,
+        );
         lat.sort_unstable();
-        (before, lat, secs, peak)
+        (before, lat, secs, peak, waits)
     };
     fill(Timestamp::from_secs(1_800_000_000 - 30 * 86_400));
     insert_main();
@@ -612,10 +621,13 @@ fn main() {
         percentile(&hot_lat, 0.5)
     );
     println!(
-        "| decision median / p99 with a concurrent writer | {:.2} / {:.2} µs (writer {:.2}M blocks/s) |",
+        "| decision median / p99 with a concurrent writer | {:.2} / {:.2} µs (writer {:.2}M blocks/s; {} of {} decisions waited for a lock, {:.2} µs each) |",
         percentile(&busy, 0.5),
         percentile(&busy, 0.99),
-        writer_rate / 1e6
+        writer_rate / 1e6,
+        busy_waits.0,
+        busy.len(),
+        busy_waits.1 as f64 / busy_waits.0.max(1) as f64 / 1e3,
     );
     println!(
         "| (CPU time) insert / writer meanwhile / remove, blocks per CPU-second of the thread | {} / {} / {} |",
@@ -628,9 +640,9 @@ fn main() {
         planned as f64 / remove_secs / 1e6,
         entries_before - entries_after
     );
-    for (what, (before, lat, secs, peak), left) in &sweep_rows {
+    for (what, (before, lat, secs, peak, waits), left) in &sweep_rows {
         println!(
-            "| decision median / p99 while {what} removes {}k of the {}k entries | {:.2} / {:.2} µs (just before: {:.2} / {:.2} µs; {} decisions over {:.0} ms) |",
+            "| decision median / p99 while {what} removes {}k of the {}k entries | {:.2} / {:.2} µs (just before: {:.2} / {:.2} µs; {} decisions over {:.0} ms; {} waited for a lock, {:.2} µs each) |",
             (peak - left) / 1000,
             peak / 1000,
             percentile(lat, 0.5),
@@ -639,6 +651,8 @@ fn main() {
             percentile(before, 0.99),
             lat.len(),
             secs * 1e3,
+            waits.0,
+            waits.1 as f64 / waits.0.max(1) as f64 / 1e3,
         );
         if *left != main_entries {
             eprintln!("error: {what} left {left} entries, expected {main_entries}");

@@ -24,12 +24,33 @@
 //! primitives, where patience is counted in attempts.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The lookup budget ran out before the lock could be taken for reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Timeout;
+
+/// Reads that found the lock write-held, and the nanoseconds they waited for
+/// it, process-wide. Counted on the slow path only, so a free lock costs
+/// nothing more; the index bench prints them beside its rows, to tell lock
+/// waits apart from the other ways a concurrent writer slows a lookup.
+static CONTENDED_READS: AtomicU64 = AtomicU64::new(0);
+static CONTENDED_READ_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// (reads that waited, nanoseconds waited) since the process started.
+pub fn contended_reads() -> (u64, u64) {
+    (
+        CONTENDED_READS.load(Ordering::Relaxed),
+        CONTENDED_READ_NANOS.load(Ordering::Relaxed),
+    )
+}
+
+fn count_wait(since: Instant) {
+    CONTENDED_READS.fetch_add(1, Ordering::Relaxed);
+    let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    CONTENDED_READ_NANOS.fetch_add(nanos, Ordering::Relaxed);
+}
 
 /// The longest a writer waits for an opening before it queues for the lock.
 const MAX_YIELD: Duration = Duration::from_micros(50);
@@ -189,12 +210,14 @@ impl<T, P: Primitives> ReaderFirstOn<T, P> {
         if let Some(guard) = self.lock.try_read() {
             return guard;
         }
+        let since = Instant::now();
         P::add(&self.waiting, 1);
         let guard = match self.spin_read(P::Patience::new(MAX_SPIN, None)) {
             Some(guard) => guard,
             None => self.lock.read(),
         };
         P::add(&self.waiting, -1);
+        count_wait(since);
         guard
     }
 
@@ -203,11 +226,13 @@ impl<T, P: Primitives> ReaderFirstOn<T, P> {
         if let Some(guard) = self.lock.try_read() {
             return Some(guard);
         }
+        let since = Instant::now();
         P::add(&self.waiting, 1);
         let guard = self
             .spin_read(P::Patience::new(MAX_SPIN, Some(deadline)))
             .or_else(|| self.lock.try_read_until(deadline));
         P::add(&self.waiting, -1);
+        count_wait(since);
         guard
     }
 
@@ -342,6 +367,32 @@ mod tests {
         drop(held);
         assert_eq!(writer.join().expect("writer"), Turn::Queued);
         assert_eq!(*lock.read(), 1);
+    }
+
+    #[test]
+    fn a_read_that_waits_is_counted_with_its_wait() {
+        let lock = Arc::new(ReaderFirst::<u32>::default());
+        let (before, _) = contended_reads();
+        let held = lock.lock.write();
+        let reader = {
+            let lock = lock.clone();
+            std::thread::spawn(move || *lock.read())
+        };
+        // Let the reader find the lock taken before it is let go.
+        let start = Instant::now();
+        while !lock.readers_waiting() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "reader never waited"
+            );
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        assert_eq!(reader.join().expect("reader"), 0);
+        let (after, nanos) = contended_reads();
+        assert!(after > before);
+        assert!(nanos >= 2_000_000, "the wait was not counted: {nanos} ns");
     }
 
     #[test]

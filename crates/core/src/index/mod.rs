@@ -61,6 +61,7 @@ use store::Padded;
 pub use event::{
     IndexEvent, IngestBatch, IngestError, IngestOutcome, ReplicaStats, StatsReport, Tier,
 };
+pub use lock::contended_reads;
 pub use pending::{MAX_PENDING_BLOCKS, PENDING_TTL_NANOS};
 pub use prefills::MAX_PREFILLS;
 pub use replica::{ReplicaTable, replica_id_hash};
