@@ -587,10 +587,7 @@ impl ScopeIndex {
             );
             // Runs this event left mostly vacant (rather than empty) are compacted now.
             if sparse {
-                let mut store = shard.write();
-                let emptied = store.settle();
-                drop(store);
-                drop(emptied);
+                shard.settle_in_turns();
             }
             self.removed_from(s, removed - before);
             i = end;
@@ -1237,6 +1234,8 @@ mod tests {
         assert_eq!(scope.clear_replica(0, &a), n - 10);
         scope.set_waiting(0);
         assert_eq!(scope.entries(), 10);
+        // The run the clear left at 10 of its slots is compacted before it ends.
+        assert!(!scope.chain_shard(&chain).read().has_sparse());
         assert_eq!(
             scope
                 .chain_shard(&chain)

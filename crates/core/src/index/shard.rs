@@ -159,11 +159,41 @@ impl Shard {
             let stop = keys.len().min(j + SWEEP_BATCH);
             let mut store;
             (store, j) = self.hold_in_turn(j..stop, |store, j| step(store, &keys[j], &mut out));
-            let emptied = store.settle();
+            let emptied = store.take_retired();
             drop(store);
             drop(emptied);
             between(&out);
             out.clear();
+        }
+        self.settle_in_turns();
+    }
+
+    /// Compacts the runs that removals left mostly vacant, a run per step (a
+    /// run's compaction re-finds its live blocks and reallocates it, around a
+    /// microsecond), in holds that let go as soon as a lookup waits. Compacting
+    /// them all at the end of each hold made a lookup that arrived then wait
+    /// for every one of them.
+    pub(crate) fn settle_in_turns(&self) {
+        if !self.read().has_sparse() {
+            return;
+        }
+        loop {
+            let (mut store, turn) = self.0.0.write_in_turn();
+            let yielding = turn == Turn::Opening;
+            let more = loop {
+                if !store.compact_next() {
+                    break false;
+                }
+                if yielding && self.0.0.readers_waiting() {
+                    break true;
+                }
+            };
+            let emptied = store.take_retired();
+            drop(store);
+            drop(emptied);
+            if !more {
+                return;
+            }
         }
     }
 

@@ -650,6 +650,25 @@ impl Store {
         self.take_retired()
     }
 
+    /// Compacts one run left mostly vacant that still is; false when none is
+    /// left. For a writer that compacts in holds it can cut short
+    /// (`Shard::settle_in_turns`); the emptied runs still go through
+    /// [`Self::take_retired`].
+    pub fn compact_next(&mut self) -> bool {
+        while let Some(run) = self.sparse.pop() {
+            if self
+                .runs
+                .get(run as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(Self::is_sparse)
+            {
+                self.compact(run);
+                return true;
+            }
+        }
+        false
+    }
+
     /// The runs emptied since the last call, for the writer to drop off the lock.
     pub fn take_retired(&mut self) -> Retired {
         std::mem::take(&mut self.retired)
