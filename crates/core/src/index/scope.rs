@@ -675,26 +675,12 @@ impl ScopeIndex {
     /// a lookup waits; returns how many went. The cap sweep's path: a hold per
     /// victim made every victim a lock round trip for its shard's lookups.
     pub(crate) fn evict_unchanged(&self, s: usize, victims: &[(EntryKey, (u32, u64))]) -> u64 {
-        let mut evicted = 0u64;
-        self.shards[s].remove_in_turns(
+        let evicted = self.take_still_due(
+            s,
             victims,
-            |store, (key, seen), taken| {
-                if store
-                    .get(key)
-                    .is_some_and(|e| (e.accesses(), e.last_seen()) == *seen)
-                    && let Some(h) = store.take(key)
-                {
-                    taken.push(h);
-                }
-            },
-            |taken| {
-                for h in taken.iter() {
-                    self.release_holders(h);
-                }
-                evicted += taken.len() as u64;
-            },
+            |(key, _)| key,
+            |(_, seen), e| (e.accesses(), e.last_seen()) == *seen,
         );
-        self.removed_from(s, evicted);
         self.sub_entries(evicted);
         evicted
     }
@@ -705,32 +691,47 @@ impl ScopeIndex {
         let mut keys = Vec::new();
         for (s, shard) in self.shards.iter().enumerate() {
             keys.clear();
-            let before = evicted;
             shard.scan(&mut |k, e| {
                 if !e.is_fresh(now, ttl) {
                     keys.push(k.to_owned());
                 }
             });
-            shard.remove_in_turns(
-                &keys,
-                |store, key, taken| {
-                    if store.get(key).is_some_and(|e| !e.is_fresh(now, ttl))
-                        && let Some(h) = store.take(key)
-                    {
-                        taken.push(h);
-                    }
-                },
-                |taken| {
-                    for h in taken.iter() {
-                        self.release_holders(h);
-                    }
-                    evicted += taken.len() as u64;
-                },
-            );
-            self.removed_from(s, evicted - before);
+            evicted += self.take_still_due(s, &keys, |k| k, |_, e| !e.is_fresh(now, ttl));
         }
         self.sub_entries(evicted);
         evicted
+    }
+
+    /// Takes from shard `s` each entry of `items` that is still `due` under the
+    /// write lock (a scan saw it off the lock), in [`Shard::remove_in_turns`]
+    /// holds, and lets go of its holders off the lock. Returns how many went.
+    fn take_still_due<K>(
+        &self,
+        s: usize,
+        items: &[K],
+        key_of: impl Fn(&K) -> &EntryKey,
+        due: impl Fn(&K, &Entry) -> bool,
+    ) -> u64 {
+        let mut taken_n = 0u64;
+        self.shards[s].remove_in_turns(
+            items,
+            |store, item, taken| {
+                let key = key_of(item);
+                if store.get(key).is_some_and(|e| due(item, e))
+                    && let Some(h) = store.take(key)
+                {
+                    taken.push(h);
+                }
+            },
+            |taken| {
+                for h in taken.iter() {
+                    self.release_holders(h);
+                }
+                taken_n += taken.len() as u64;
+            },
+        );
+        self.removed_from(s, taken_n);
+        taken_n
     }
 
     /// Visits every entry, shard by shard, a bounded chunk per read-lock hold

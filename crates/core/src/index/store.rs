@@ -634,19 +634,7 @@ impl Store {
     /// taken again in between).
     #[must_use = "drop the emptied runs after the lock"]
     pub fn settle(&mut self) -> Retired {
-        let mut sparse = std::mem::take(&mut self.sparse);
-        for &run in &sparse {
-            if self
-                .runs
-                .get(run as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(Self::is_sparse)
-            {
-                self.compact(run);
-            }
-        }
-        sparse.clear();
-        self.sparse = sparse;
+        while self.compact_next() {}
         self.take_retired()
     }
 

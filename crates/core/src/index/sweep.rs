@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use super::Index;
+use super::scope::ScopeIndex;
 use super::tenant::{TenantIndex, TenantLimits, TenantWriter};
 use super::view::Counters;
 use crate::policy::EvictionAlgorithm;
@@ -113,16 +114,19 @@ impl Index {
         wanted: u64,
         cause: &AtomicU64,
     ) -> u64 {
-        if algo != EvictionAlgorithm::Lru {
-            return u64::from(self.evict_one(tenant, writer, algo, wanted, cause));
-        }
-        let scopes = tenant.scopes.load_full();
-        let went = writer
-            .victims
-            .evict_lru_batch(&scopes, tenant.entries(), wanted);
-        self.sub_entries(tenant, went);
-        Counters::add(cause, went);
-        went
+        self.evict_with(tenant, cause, |scopes| match algo {
+            EvictionAlgorithm::Lru => {
+                writer
+                    .victims
+                    .evict_lru_batch(scopes, tenant.entries(), wanted)
+            }
+            EvictionAlgorithm::Lfu => u64::from(
+                writer
+                    .victims
+                    .evict_next(scopes, algo, tenant.entries(), wanted)
+                    .is_some(),
+            ),
+        })
     }
 
     pub(super) fn evict_one(
@@ -133,17 +137,27 @@ impl Index {
         wanted: u64,
         cause: &AtomicU64,
     ) -> bool {
+        self.evict_with(tenant, cause, |scopes| {
+            u64::from(
+                writer
+                    .victims
+                    .evict_next(scopes, algo, tenant.entries(), wanted)
+                    .is_some(),
+            )
+        }) > 0
+    }
+
+    /// Runs one eviction over the tenant's scopes and books what went.
+    fn evict_with(
+        &self,
+        tenant: &TenantIndex,
+        cause: &AtomicU64,
+        evict: impl FnOnce(&[Arc<ScopeIndex>]) -> u64,
+    ) -> u64 {
         let scopes = tenant.scopes.load_full();
-        match writer
-            .victims
-            .evict_next(&scopes, algo, tenant.entries(), wanted)
-        {
-            Some(_) => {
-                self.sub_entries(tenant, 1);
-                Counters::add(cause, 1);
-                true
-            }
-            None => false,
-        }
+        let went = evict(&scopes);
+        self.sub_entries(tenant, went);
+        Counters::add(cause, went);
+        went
     }
 }
