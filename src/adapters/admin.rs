@@ -194,6 +194,7 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
                 "statsReported": stats.is_some(),
                 "inflightRequests": r.inflight_requests,
                 "inflightTokens": r.inflight_tokens,
+                "recentRequests": (r.recent_requests * 100.0).round() / 100.0,
                 "hitRate": stats.map(|(s, _)| s.hit_rate),
                 "cacheMemoryBytes": stats.map(|(s, _)| s.cache_memory_bytes),
                 "lastUpdate": rfc3339(stats.map(|(_, at)| *at)),
@@ -245,6 +246,7 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "statsMaxAge": format_duration(p.load_balancing.stats_max_age),
             "pendingTTL": format_duration(p.load_balancing.pending_ttl),
             "prefillSlackTokens": p.load_balancing.prefill_slack_tokens,
+            "shareFactor": p.load_balancing.share_factor.to_string(),
         },
         "tierWeights": {
             "cpu": p.tier_weights.cpu.to_string(),

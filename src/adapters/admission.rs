@@ -222,6 +222,10 @@ fn policy_rules(p: &CachePolicy) -> Vec<Finding> {
     if let Err(e) = crate::core::policy::LoadBalancing::parse_factor(factor) {
         out.push(Finding::always(format!("spec.{e}")));
     }
+    let share = &p.spec.load_balancing.share_factor;
+    if let Err(e) = crate::core::policy::LoadBalancing::parse_share_factor(share) {
+        out.push(Finding::always(format!("spec.{e}")));
+    }
     let w = &p.spec.tier_weights;
     for (field, text) in [
         ("spec.tierWeights.cpu", &w.cpu),

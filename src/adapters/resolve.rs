@@ -404,6 +404,10 @@ pub fn resolve_policy(
             Duration::ZERO
         }),
         prefill_slack_tokens,
+        share_factor: LoadBalancing::parse_share_factor(&lb.share_factor).unwrap_or_else(|e| {
+            errors.push(("spec.loadBalancing.shareFactor", e.to_string()));
+            LoadBalancing::DEFAULT_SHARE_FACTOR
+        }),
     };
 
     let mut weight = |field: &'static str, text: &str, default: f64| {

@@ -203,6 +203,16 @@ pub struct LoadBalancing {
     #[serde(default = "default_prefill_slack_tokens")]
     #[schemars(range(min = 0))]
     pub prefill_slack_tokens: i32,
+    /// How far above the mean a replica's share of the requests routed lately
+    /// (a count halving every 10 s) may run, plus `slack`, before it counts as
+    /// overloaded: a decimal string of at least 1, or "0" for off.
+    #[serde(default = "default_share_factor")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)?$"))]
+    pub share_factor: String,
+}
+
+fn default_share_factor() -> String {
+    crate::core::policy::LoadBalancing::DEFAULT_SHARE_FACTOR_STR.to_string()
 }
 
 fn default_prefill_slack_tokens() -> i32 {
@@ -233,6 +243,7 @@ impl Default for LoadBalancing {
             stats_max_age: default_stats_max_age(),
             pending_ttl: default_pending_ttl(),
             prefill_slack_tokens: default_prefill_slack_tokens(),
+            share_factor: default_share_factor(),
         }
     }
 }

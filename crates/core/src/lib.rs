@@ -21,6 +21,7 @@ pub mod decision;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod recent_routes;
 pub mod router;
 pub mod scope;
 pub mod selftest;

@@ -128,6 +128,9 @@ impl Inflight {
             .fetch_add(uncached_tokens, Ordering::Relaxed);
         let epoch = live.report_epoch.load(Ordering::Relaxed);
         live.inflight_since_report.fetch_add(1, Ordering::Relaxed);
+        if now.as_nanos() > 0 {
+            live.recent.note(now.as_nanos());
+        }
         let prefill = (uncached_tokens > 0).then(|| {
             Arc::new(Prefill {
                 live: live.clone(),

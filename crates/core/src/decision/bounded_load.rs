@@ -117,7 +117,9 @@ pub(crate) fn place(
     if serving.len() < 2 {
         return None;
     }
-    by_requests(serving, candidates, lb, now).or_else(|| by_prefill(serving, candidates, lb))
+    by_requests(serving, candidates, lb, now)
+        .or_else(|| by_share(serving, candidates, lb, now))
+        .or_else(|| by_prefill(serving, candidates, lb, now))
 }
 
 /// The request-count bound.
@@ -148,11 +150,92 @@ fn by_requests(
     if fits(first) {
         return None;
     }
-    let member = candidates.walk(serving).into_iter().find(|&m| fits(m))?;
+    // Within its share too if any candidate is; the request count comes first.
+    let shares = Shares::read(serving, lb, now);
+    let walk = candidates.walk(serving);
+    let member = walk
+        .iter()
+        .copied()
+        .find(|&m| fits(m) && shares.under(m))
+        .or_else(|| walk.iter().copied().find(|&m| fits(m)))?;
     Some(Spill {
         member,
         from: first,
     })
+}
+
+/// The share bound: the pick's decayed count of recently routed requests
+/// against `share_factor × mean + slack`; the walk takes the first candidate
+/// under both this bound and the request-count one.
+fn by_share(
+    serving: &ServingSet,
+    candidates: &Candidates<'_>,
+    lb: &LoadBalancing,
+    now: u64,
+) -> Option<Spill> {
+    if lb.share_factor == 0.0 {
+        return None;
+    }
+    let first = candidates.first()?;
+    // Under `slack` the pick fits whatever the mean: one replica's atomic read.
+    let recent = |m: usize| serving.replica(m).map_or(0.0, |r| r.live.recent.at(now));
+    if recent(first) + 1.0 <= f64::from(lb.slack) {
+        return None;
+    }
+    let shares = Shares::read(serving, lb, now);
+    if shares.under(first) {
+        return None;
+    }
+    let n = serving.len();
+    let max_age = lb.stats_max_age_nanos();
+    let loads: SmallVec<[u64; 32]> = (0..n)
+        .map(|m| {
+            serving
+                .replica(m)
+                .map_or(0, |r| r.live.current_load(now, max_age))
+        })
+        .collect();
+    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
+    let count_bound = lb.factor * (total as f64 + 1.0) / n as f64 + f64::from(lb.slack);
+    let member = candidates
+        .walk(serving)
+        .into_iter()
+        .find(|&m| shares.under(m) && loads[m] as f64 + 1.0 <= count_bound)?;
+    Some(Spill {
+        member,
+        from: first,
+    })
+}
+
+/// Every serving member's recent share against the share bound; every member is
+/// under it when the bound is off.
+struct Shares {
+    recent: SmallVec<[f64; 32]>,
+    bound: f64,
+}
+
+impl Shares {
+    fn read(serving: &ServingSet, lb: &LoadBalancing, now: u64) -> Self {
+        if lb.share_factor == 0.0 {
+            return Self {
+                recent: SmallVec::new(),
+                bound: f64::INFINITY,
+            };
+        }
+        let recent: SmallVec<[f64; 32]> = (0..serving.len())
+            .map(|m| serving.replica(m).map_or(0.0, |r| r.live.recent.at(now)))
+            .collect();
+        let mean = (recent.iter().sum::<f64>() + 1.0) / serving.len().max(1) as f64;
+        Self {
+            bound: lb.share_factor * mean + f64::from(lb.slack),
+            recent,
+        }
+    }
+
+    /// Placing one more request on `m` keeps it within the bound.
+    fn under(&self, m: usize) -> bool {
+        self.recent.get(m).copied().unwrap_or(0.0) + 1.0 <= self.bound
+    }
 }
 
 /// The prefill-cost comparison.
@@ -160,6 +243,7 @@ fn by_prefill(
     serving: &ServingSet,
     candidates: &Candidates<'_>,
     lb: &LoadBalancing,
+    now: u64,
 ) -> Option<Spill> {
     let slack = u64::from(lb.prefill_slack_tokens);
     let pick = candidates.rows.first()?;
@@ -206,8 +290,13 @@ fn by_prefill(
             *m = u64::from(r.matched_tokens);
         }
     }
+    // A replica over its share is no cheaper for it.
+    let shares = Shares::read(serving, lb, now);
     let costs: SmallVec<[u64; 32]> = (0..n)
-        .map(|m| queued(m).saturating_add(requested.saturating_sub(matched[m])))
+        .map(|m| match shares.under(m) {
+            true => queued(m).saturating_add(requested.saturating_sub(matched[m])),
+            false => u64::MAX,
+        })
         .collect();
     let cheapest = costs.iter().copied().min()?;
     if cheapest.saturating_add(slack) >= first_cost {

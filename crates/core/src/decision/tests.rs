@@ -35,6 +35,7 @@ mod load;
 mod pending;
 mod prefill;
 mod ranking;
+mod share;
 mod tiers;
 
 // ----- fixtures -----

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::event::ReplicaStats;
+use crate::recent_routes::RecentRoutes;
 use crate::time::Timestamp;
 
 /// Stable, process-independent hash of a replica id for rendezvous hashing: two
@@ -49,6 +50,8 @@ pub(crate) struct ReplicaLive {
     /// Requests this sidecar admitted here since the last report and still in
     /// flight: the engine's count cannot include them yet.
     pub inflight_since_report: AtomicU64,
+    /// Requests this sidecar routed here lately (the share bound).
+    pub recent: RecentRoutes,
 }
 
 impl ReplicaLive {

@@ -646,6 +646,9 @@ impl ScopeIndex {
         }
         self.sub_entries(removed);
         live.prefix_count.store(0, Ordering::Relaxed);
+        // The engine starts over (a restart, a cache reset): what was routed
+        // there before placed prefixes it no longer holds.
+        live.recent.reset();
         removed
     }
 

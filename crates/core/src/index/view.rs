@@ -26,6 +26,9 @@ pub struct ReplicaView {
     /// uncached prompt tokens (the load rule's own signal).
     pub inflight_requests: u64,
     pub inflight_tokens: u64,
+    /// Requests this sidecar routed here lately, a count halving every 10 s
+    /// (the load rule's share bound reads it).
+    pub recent_requests: f64,
 }
 
 /// One tenant's entry count.
@@ -155,6 +158,7 @@ impl super::Index {
                         stats: *r.live.stats.lock(),
                         inflight_requests: r.live.inflight.load(Ordering::Relaxed),
                         inflight_tokens: r.live.inflight_tokens.load(Ordering::Relaxed),
+                        recent_requests: r.live.recent.at(now),
                     });
                 }
             }

@@ -65,6 +65,7 @@ fn replica(
         stats: st,
         inflight_requests: 0,
         inflight_tokens: 0,
+        recent_requests: 0.0,
     }
 }
 

@@ -1,0 +1,127 @@
+//! The share bound of the load rule (`decision/bounded_load.rs::by_share`,
+//! `recent_routes.rs`): a pick that took more than `shareFactor × mean + slack`
+//! of the requests this sidecar routed lately spills though nothing is in flight
+//! there, to a candidate under both this bound and the request-count one; off
+//! or with balanced shares the answer is the seed's.
+
+use super::*;
+
+fn share(factor: f64) -> ResolvedPolicy {
+    let mut p = ResolvedPolicy::default();
+    p.load_balancing.share_factor = factor;
+    p
+}
+
+/// Routes `n` requests to `replica` at `now` as ext_proc does (decide, admit),
+/// each ended at once: nothing stays in flight, only the recent count.
+fn routed(router: &Router, replica: &str, n: usize, now: Timestamp) {
+    let probe = req(&[]).candidates(&[replica]).prefix("share-probe", 16);
+    for _ in 0..n {
+        let d = lookup_at(router, &probe, now);
+        assert_eq!(picked(&d).as_deref(), Some(replica));
+        drop(router.admit(&d, &probe.as_lookup(), now).expect("admitted"));
+    }
+}
+
+/// The seed's ranking of [`fleet`]'s request (share bound off).
+fn seed_rows() -> Vec<Row> {
+    let (router, r) = fleet(share(0.0));
+    rows(&lookup(&router, &r))
+}
+
+#[test]
+fn off_a_busy_recent_past_changes_nothing() {
+    let (router, r) = fleet(share(0.0));
+    routed(&router, "r1", 10, t0());
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
+    let (router, r) = fleet(share(1.2));
+    // Balanced shares: the seed's answer.
+    for id in FLEET {
+        routed(&router, id, 5, t0());
+    }
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+    // r1 at 5 + 10: mean (15 + 15 + 1) / 4 = 7.75, bound 1.2 × 7.75 + 2 = 11.3.
+    routed(&router, "r1", 10, t0());
+    let d = lookup(&router, &r);
+    let seed = seed_rows();
+    assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
+
+#[test]
+fn the_count_halves_every_half_life_and_the_pick_comes_back() {
+    let (router, r) = fleet(share(1.2));
+    routed(&router, "r1", 10, t0());
+    assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
+    // Four half-lives later r1's 10 are 0.625: mean 0.41, bound 2.49, and r1
+    // with this request (1.6) is under it.
+    let later = t0().plus(crate::recent_routes::HALF_LIFE * 4);
+    for id in FLEET {
+        register(&router, acme(), id, later);
+    }
+    let d = lookup_at(&router, &r, later);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn the_walk_skips_candidates_over_either_bound() {
+    let (router, r) = fleet(share(1.2));
+    routed(&router, "r1", 10, t0());
+    // r2, the next survivor, is under its share but over the request count:
+    // mean (6 + 1) / 4, bound 1.25 × 1.75 + 2 = 4.19, and r2 runs 6.
+    let probe = req(&[]).candidates(&["r2"]).prefix("busy", 16);
+    let _held: Vec<_> = (0..6)
+        .map(|_| {
+            let d = lookup(&router, &probe);
+            router
+                .admit(&d, &probe.as_lookup(), t0())
+                .expect("admitted")
+        })
+        .collect();
+    let d = lookup(&router, &r);
+    // r1 matched six blocks: the walk goes on in rendezvous order of block 6.
+    assert_eq!(rows(&d)[0].0, owner(6, &["r3", "r4"]));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
+
+/// `id`'s recent count as `/snapshot` shows it.
+fn recent(router: &Router, id: &str) -> f64 {
+    let view = router.view(t0());
+    view.replicas
+        .iter()
+        .find(|v| v.replica_id == id)
+        .expect("replica")
+        .recent_requests
+}
+
+#[test]
+fn a_gateway_query_counts_nothing_and_all_blocks_cleared_starts_the_share_over() {
+    let (router, r) = fleet(share(1.2));
+    // LookupRoute (a query): decided, never admitted.
+    for _ in 0..5 {
+        lookup(&router, &r);
+    }
+    assert_eq!(recent(&router, "r1"), 0.0);
+    routed(&router, "r1", 10, t0());
+    routed(&router, "r2", 3, t0());
+    assert!((recent(&router, "r1") - 10.0).abs() < 0.01);
+    ingest(
+        &router,
+        acme(),
+        "r1",
+        &endpoint_of("r1"),
+        &[IndexEvent::Cleared],
+        t0(),
+    );
+    assert_eq!(recent(&router, "r1"), 0.0);
+    assert!((recent(&router, "r2") - 3.0).abs() < 0.01);
+}

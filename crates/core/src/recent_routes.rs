@@ -1,0 +1,132 @@
+//! How many requests this sidecar routed to a replica lately: a count that halves
+//! every [`HALF_LIFE`], read by the load rule's share bound
+//! (`decision/bounded_load.rs`).
+//!
+//! The in-flight count sees only the requests of the last few milliseconds, so a
+//! hot prefix can keep coming back to its holders in bursts that each fit the
+//! bound, and over a minute one replica serves twice its share. A decayed count
+//! remembers those bursts. Each sidecar counts only what it routed itself, which
+//! is enough: if every sidecar's own share is balanced, so is their sum.
+//!
+//! One atomic word per replica, so the decision reads no lock: the time of the
+//! last update (milliseconds, low 32 bits, wrapping) and the count (in 1/1024ths,
+//! saturating at about four million).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The count's half-life: long enough to remember the bursts of a hot prefix,
+/// short enough to follow a fleet whose traffic mix changes within a minute.
+pub const HALF_LIFE: Duration = Duration::from_secs(10);
+
+const UNIT: f64 = 1024.0;
+/// An update stamped at most this far ahead of a reader's clock (threads read
+/// the clock in a different order than they update) counts as no time passed;
+/// further means the stamp wrapped (~49 days) and the count is long gone.
+const SKEW_MS: u32 = 60_000;
+
+/// A replica's recently routed requests.
+#[derive(Debug, Default)]
+pub struct RecentRoutes(AtomicU64);
+
+impl RecentRoutes {
+    /// Counts one routed request at `now_ns`.
+    pub fn note(&self, now_ns: u64) {
+        let now = millis(now_ns);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
+                let (at, _) = unpack(packed);
+                let stamp = if ahead(at, now) { at } else { now };
+                Some(pack(stamp, decayed(packed, now) + 1.0))
+            });
+    }
+
+    /// Forgets every request counted so far.
+    pub fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// The decayed count at `now_ns`.
+    pub fn at(&self, now_ns: u64) -> f64 {
+        decayed(self.0.load(Ordering::Relaxed), millis(now_ns))
+    }
+}
+
+fn millis(ns: u64) -> u32 {
+    // Wrapping by design: only differences of stamps are used.
+    (ns / 1_000_000) as u32
+}
+
+fn unpack(packed: u64) -> (u32, f64) {
+    ((packed >> 32) as u32, (packed & 0xffff_ffff) as f64 / UNIT)
+}
+
+fn pack(at: u32, count: f64) -> u64 {
+    let units = (count * UNIT).clamp(0.0, f64::from(u32::MAX)) as u64;
+    (u64::from(at) << 32) | units
+}
+
+/// `at` is (slightly) later than `now`.
+fn ahead(at: u32, now: u32) -> bool {
+    let back = now.wrapping_sub(at);
+    back != 0 && back > u32::MAX - SKEW_MS
+}
+
+fn decayed(packed: u64, now: u32) -> f64 {
+    let (at, count) = unpack(packed);
+    if count == 0.0 || ahead(at, now) {
+        return count;
+    }
+    let elapsed = f64::from(now.wrapping_sub(at));
+    count * (-elapsed / HALF_LIFE.as_millis() as f64).exp2()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn counts_and_halves_every_half_life() {
+        let r = RecentRoutes::default();
+        let t0 = 100 * S;
+        for _ in 0..8 {
+            r.note(t0);
+        }
+        assert!((r.at(t0) - 8.0).abs() < 0.01);
+        let h = HALF_LIFE.as_nanos() as u64;
+        assert!((r.at(t0 + h) - 4.0).abs() < 0.01);
+        assert!((r.at(t0 + 2 * h) - 2.0).abs() < 0.01);
+        r.note(t0 + h);
+        assert!((r.at(t0 + h) - 5.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_reader_slightly_behind_the_last_update_sees_no_decay() {
+        let r = RecentRoutes::default();
+        r.note(50 * S);
+        r.note(50 * S);
+        assert!((r.at(50 * S - 3_000_000) - 2.0).abs() < 0.01);
+        // An update stamped behind the last one keeps the later stamp.
+        r.note(50 * S - 5_000_000);
+        assert!((r.at(50 * S) - 3.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_count_untouched_past_the_stamps_wrap_is_gone_not_frozen() {
+        let r = RecentRoutes::default();
+        r.note(S);
+        // ~30 days later the stamp difference is past half the range.
+        let later = S + 30 * 24 * 3600 * S;
+        assert!(r.at(later) < 1e-6);
+    }
+
+    #[test]
+    fn saturates_instead_of_wrapping() {
+        let r = RecentRoutes(AtomicU64::new(pack(0, 5_000_000.0)));
+        r.note(0);
+        assert!(r.at(0) >= 4_000_000.0);
+    }
+}
