@@ -207,8 +207,13 @@ fn by_share(
     })
 }
 
+/// Below this mean of recent requests per serving replica (about one a second
+/// each, at a 10 s half-life) the share bound stays out: a trickle of requests
+/// needs no balancing, and a quiet fleet keeps every answer the seed's.
+pub(crate) const SHARE_MIN_MEAN: f64 = 16.0;
+
 /// Every serving member's recent share against the share bound; every member is
-/// under it when the bound is off.
+/// under it when the bound is off or traffic is below [`SHARE_MIN_MEAN`].
 struct Shares {
     recent: SmallVec<[f64; 32]>,
     bound: f64,
@@ -226,10 +231,11 @@ impl Shares {
             .map(|m| serving.replica(m).map_or(0.0, |r| r.live.recent.at(now)))
             .collect();
         let mean = (recent.iter().sum::<f64>() + 1.0) / serving.len().max(1) as f64;
-        Self {
-            bound: lb.share_factor * mean + f64::from(lb.slack),
-            recent,
-        }
+        let bound = match mean < SHARE_MIN_MEAN {
+            true => f64::INFINITY,
+            false => lb.share_factor * mean + f64::from(lb.slack),
+        };
+        Self { bound, recent }
     }
 
     /// Placing one more request on `m` keeps it within the bound.

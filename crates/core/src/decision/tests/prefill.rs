@@ -213,17 +213,9 @@ fn report_idle(router: &Router, replica: &str, now: Timestamp) {
     router.report_stats(&report, now).expect("stats");
 }
 
-/// The request count without the share bound, which would also (rightly) keep
-/// a replica that just took every request spilled after its engine reports idle.
-fn count_only() -> ResolvedPolicy {
-    let mut p = ResolvedPolicy::default();
-    p.load_balancing.share_factor = 0.0;
-    p
-}
-
 /// [`fleet`] whose engines all reported an empty queue at t0.
 fn reported_fleet() -> Router {
-    let (router, _) = fleet(count_only());
+    let (router, _) = fleet(ResolvedPolicy::default());
     for id in FLEET {
         report_idle(&router, id, t0());
     }
@@ -303,7 +295,7 @@ fn a_fully_cached_request_has_no_prefill_to_wait_for() {
     report_idle(&router, "r1", t0());
     assert_eq!(lookup(&router, &r).spilled_from(), None);
     // Without a fresh report it counts until its guard drops, as before.
-    let (unreported, _) = fleet(count_only());
+    let (unreported, _) = fleet(ResolvedPolicy::default());
     let d = lookup(&unreported, &cached);
     let held = unreported
         .admit_until_prefill_end(&d, &cached.as_lookup(), t0())

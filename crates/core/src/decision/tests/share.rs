@@ -30,9 +30,23 @@ fn seed_rows() -> Vec<Row> {
 }
 
 #[test]
+fn a_trickle_is_left_alone() {
+    let (router, r) = fleet(share(1.2));
+    // r1 took all 60 recent requests, but the mean (61 / 4 = 15.25) is below
+    // SHARE_MIN_MEAN: nothing to balance yet.
+    routed(&router, "r1", 60, t0());
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+    // Four more and it is traffic: r1 (64 + 1) is far over 1.2 × 16.25 + 2.
+    routed(&router, "r1", 4, t0());
+    assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
+}
+
+#[test]
 fn off_a_busy_recent_past_changes_nothing() {
     let (router, r) = fleet(share(0.0));
-    routed(&router, "r1", 10, t0());
+    routed(&router, "r1", 100, t0());
     let d = lookup(&router, &r);
     assert_prefix(&d, &seed_rows());
     assert_eq!(d.spilled_from(), None);
@@ -43,13 +57,13 @@ fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
     let (router, r) = fleet(share(1.2));
     // Balanced shares: the seed's answer.
     for id in FLEET {
-        routed(&router, id, 5, t0());
+        routed(&router, id, 20, t0());
     }
     let d = lookup(&router, &r);
     assert_prefix(&d, &seed_rows());
     assert_eq!(d.spilled_from(), None);
-    // r1 at 5 + 10: mean (15 + 15 + 1) / 4 = 7.75, bound 1.2 × 7.75 + 2 = 11.3.
-    routed(&router, "r1", 10, t0());
+    // r1 at 20 + 20: mean (40 + 60 + 1) / 4 = 25.25, bound 1.2 × 25.25 + 2 = 32.3.
+    routed(&router, "r1", 20, t0());
     let d = lookup(&router, &r);
     let seed = seed_rows();
     assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
@@ -59,11 +73,12 @@ fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
 #[test]
 fn the_count_halves_every_half_life_and_the_pick_comes_back() {
     let (router, r) = fleet(share(1.2));
-    routed(&router, "r1", 10, t0());
+    routed(&router, "r1", 100, t0());
+    // mean (100 + 1) / 4 = 25.25, bound 32.3: r1 is over.
     assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
-    // Four half-lives later r1's 10 are 0.625: mean 0.41, bound 2.49, and r1
-    // with this request (1.6) is under it.
-    let later = t0().plus(crate::recent_routes::HALF_LIFE * 4);
+    // Two half-lives later r1's 100 are 25: mean 6.5, a trickle the bound
+    // leaves alone (below SHARE_MIN_MEAN).
+    let later = t0().plus(crate::recent_routes::HALF_LIFE * 2);
     for id in FLEET {
         register(&router, acme(), id, later);
     }
@@ -75,7 +90,7 @@ fn the_count_halves_every_half_life_and_the_pick_comes_back() {
 #[test]
 fn the_walk_skips_candidates_over_either_bound() {
     let (router, r) = fleet(share(1.2));
-    routed(&router, "r1", 10, t0());
+    routed(&router, "r1", 100, t0());
     // r2, the next survivor, is under its share but over the request count:
     // mean (6 + 1) / 4, bound 1.25 × 1.75 + 2 = 4.19, and r2 runs 6.
     let probe = req(&[]).candidates(&["r2"]).prefix("busy", 16);
