@@ -68,6 +68,11 @@ def stored_event(hashes, token_counts=()) -> bytes:
     return _bytes_field(1, stored)
 
 
+def cleared_event() -> bytes:
+    """A KvEvent holding AllBlocksCleared."""
+    return _bytes_field(3, b"")
+
+
 def ingest(ingest_addr: str, tenant: str, model: str, scheme: str, replica: str,
            events, endpoint: str = "", token: str | None = None) -> dict:
     """Sends one IngestEvents call; returns {"applied": n, "rejected": n}.

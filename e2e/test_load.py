@@ -1,6 +1,8 @@
 """The load rule through a real Envoy (issue 10): an overloaded holder spills with
 x-inferencecache-spilled-from, and in-flight counts are released after responses,
-or at the end of the prefill when the engine's events and queue report are live."""
+or at the end of the prefill when the engine's events and queue report are live; a
+holder that took more than its share of the requests routed lately spills though
+nothing is in flight there."""
 
 import concurrent.futures
 
@@ -164,3 +166,37 @@ def test_with_live_engine_signals_a_request_ends_with_its_prefill(override_host_
     assert r.text == "replica-b"
     assert r.headers["x-upstream-saw-reason"] == "PREFIX_MATCH"
     assert r.headers["x-upstream-saw-spilled-from"] == ""
+
+
+def test_a_holder_over_its_share_spills_with_nothing_in_flight(override_host_stack):
+    """One request at a time, so the request count never spills: the share bound
+    (shareFactor 1.2 x mean + 2, once the mean of recent requests per replica is
+    16 or more) moves the pick once replica-b has taken far more than its share,
+    and AllBlocksCleared starts its count over."""
+    s = override_host_stack
+    hashes = chain()
+    hold(s, "replica-b", hashes)
+    replies = []
+    for _ in range(60):
+        r = s.envoy.get(chain_headers(hashes))
+        assert r.status_code == 200, r.text
+        replies.append(r)
+    assert all(r.headers["x-inferencecache-reason"] == "PREFIX_MATCH" for r in replies)
+    # A trickle (mean below 16 a replica: the first 46 of 3 replicas) is left alone.
+    assert all(r.text == "replica-b" and "x-inferencecache-spilled-from" not in r.headers
+               for r in replies[:40]), [r.text for r in replies[:40]]
+    spilled = [r for r in replies if "x-inferencecache-spilled-from" in r.headers]
+    assert spilled, [r.text for r in replies]
+    for r in spilled:
+        assert r.headers["x-inferencecache-spilled-from"] == "replica-b"
+        assert r.text != "replica-b"
+        assert r.headers["x-upstream-saw-spilled-from"] == "replica-b"
+    assert sum(_inflight(s).values()) <= 1
+    took = sum(r.text == "replica-b" for r in replies)
+    recent = _replica(s, "replica-b")["recentRequests"]
+    # Halving every 10 s: the count is what replica-b took, barely decayed.
+    assert took * 0.7 <= recent <= took, (took, recent)
+    out = cachewire.ingest(s.sidecar.ingest_addr, TENANT, MODEL, SCHEME, "replica-b",
+                           [cachewire.cleared_event()], token=s.sidecar.ingest_token)
+    assert out == {"applied": 1, "rejected": 0}
+    assert _replica(s, "replica-b")["recentRequests"] == 0
