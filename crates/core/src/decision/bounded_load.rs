@@ -31,6 +31,7 @@
 //! on) that this request matches are not counted against it: they are the
 //! prefill it would wait for anyway, and going elsewhere would compute them twice.
 
+use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
@@ -117,47 +118,99 @@ pub(crate) fn place(
     if serving.len() < 2 {
         return None;
     }
-    by_requests(serving, candidates, lb, now)
-        .or_else(|| by_share(serving, candidates, lb, now))
-        .or_else(|| by_prefill(serving, candidates, lb, now))
+    let signals = Signals {
+        serving,
+        lb,
+        now,
+        loads: OnceCell::new(),
+        shares: OnceCell::new(),
+    };
+    by_requests(&signals, candidates)
+        .or_else(|| by_share(&signals, candidates))
+        .or_else(|| by_prefill(&signals, candidates))
+}
+
+/// The serving replicas' load signals for one decision. Each is read on first
+/// need and at most once: most decisions stop at the pick's own atomics, and a
+/// spill that reaches the third check reuses what the first two read.
+struct Signals<'a> {
+    serving: &'a ServingSet,
+    lb: &'a LoadBalancing,
+    now: u64,
+    loads: OnceCell<Loads>,
+    shares: OnceCell<Shares>,
+}
+
+impl Signals<'_> {
+    fn loads(&self) -> &Loads {
+        self.loads.get_or_init(|| Loads::read(self))
+    }
+
+    fn shares(&self) -> &Shares {
+        self.shares.get_or_init(|| Shares::read(self))
+    }
+
+    /// One member's requests in flight (stale reports ignored).
+    fn load_of(&self, m: usize) -> u64 {
+        let max_age = self.lb.stats_max_age_nanos();
+        self.serving
+            .replica(m)
+            .map_or(0, |r| r.live.current_load(self.now, max_age))
+    }
+
+    /// One member's decayed count of recently routed requests.
+    fn recent_of(&self, m: usize) -> f64 {
+        self.serving
+            .replica(m)
+            .map_or(0.0, |r| r.live.recent.at(self.now))
+    }
+}
+
+/// Every serving member's requests in flight against `factor × mean + slack`,
+/// the mean counting this request.
+struct Loads {
+    loads: SmallVec<[u64; 32]>,
+    bound: f64,
+}
+
+impl Loads {
+    fn read(signals: &Signals<'_>) -> Self {
+        let n = signals.serving.len();
+        let loads: SmallVec<[u64; 32]> = (0..n).map(|m| signals.load_of(m)).collect();
+        let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
+        let mean = (total as f64 + 1.0) / n.max(1) as f64;
+        Self {
+            loads,
+            bound: signals.lb.factor * mean + f64::from(signals.lb.slack),
+        }
+    }
+
+    /// Placing one more request on `m` keeps it within the bound.
+    fn fits(&self, m: usize) -> bool {
+        self.loads.get(m).copied().unwrap_or(0) as f64 + 1.0 <= self.bound
+    }
 }
 
 /// The request-count bound.
-fn by_requests(
-    serving: &ServingSet,
-    candidates: &Candidates<'_>,
-    lb: &LoadBalancing,
-    now: u64,
-) -> Option<Spill> {
+fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
     let first = candidates.first()?;
-    let n = serving.len();
-    let max_age = lb.stats_max_age_nanos();
-    let load_of = |m: usize| {
-        serving
-            .replica(m)
-            .map_or(0, |r| r.live.current_load(now, max_age))
-    };
     // The bound is never below `slack`: a pick that fits under it needs no mean
     // (the common, lightly loaded case reads one replica's atomics, not all).
-    if load_of(first) as f64 + 1.0 <= f64::from(lb.slack) {
+    if signals.load_of(first) as f64 + 1.0 <= f64::from(signals.lb.slack) {
         return None;
     }
-    let loads: SmallVec<[u64; 32]> = (0..n).map(load_of).collect();
-    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
-    let mean = (total as f64 + 1.0) / n as f64;
-    let bound = lb.factor * mean + f64::from(lb.slack);
-    let fits = |m: usize| loads[m] as f64 + 1.0 <= bound;
-    if fits(first) {
+    let loads = signals.loads();
+    if loads.fits(first) {
         return None;
     }
     // Within its share too if any candidate is; the request count comes first.
-    let shares = Shares::read(serving, lb, now);
-    let walk = candidates.walk(serving);
+    let shares = signals.shares();
+    let walk = candidates.walk(signals.serving);
     let member = walk
         .iter()
         .copied()
-        .find(|&m| fits(m) && shares.under(m))
-        .or_else(|| walk.iter().copied().find(|&m| fits(m)))?;
+        .find(|&m| loads.fits(m) && shares.under(m))
+        .or_else(|| walk.iter().copied().find(|&m| loads.fits(m)))?;
     Some(Spill {
         member,
         from: first,
@@ -167,40 +220,27 @@ fn by_requests(
 /// The share bound: the pick's decayed count of recently routed requests
 /// against `share_factor × mean + slack`; the walk takes the first candidate
 /// under both this bound and the request-count one.
-fn by_share(
-    serving: &ServingSet,
-    candidates: &Candidates<'_>,
-    lb: &LoadBalancing,
-    now: u64,
-) -> Option<Spill> {
+fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
+    let lb = signals.lb;
     if lb.share_factor == 0.0 {
         return None;
     }
     let first = candidates.first()?;
-    // Under `slack` the pick fits whatever the mean: one replica's atomic read.
-    let recent = |m: usize| serving.replica(m).map_or(0.0, |r| r.live.recent.at(now));
-    if recent(first) + 1.0 <= f64::from(lb.slack) {
+    // While on, the bound is at least `share_factor × SHARE_MIN_MEAN + slack`: a
+    // pick under that fits whatever the mean, on one replica's atomic read.
+    let floor = lb.share_factor * SHARE_MIN_MEAN + f64::from(lb.slack);
+    if signals.recent_of(first) + 1.0 <= floor {
         return None;
     }
-    let shares = Shares::read(serving, lb, now);
+    let shares = signals.shares();
     if shares.under(first) {
         return None;
     }
-    let n = serving.len();
-    let max_age = lb.stats_max_age_nanos();
-    let loads: SmallVec<[u64; 32]> = (0..n)
-        .map(|m| {
-            serving
-                .replica(m)
-                .map_or(0, |r| r.live.current_load(now, max_age))
-        })
-        .collect();
-    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
-    let count_bound = lb.factor * (total as f64 + 1.0) / n as f64 + f64::from(lb.slack);
+    let loads = signals.loads();
     let member = candidates
-        .walk(serving)
+        .walk(signals.serving)
         .into_iter()
-        .find(|&m| shares.under(m) && loads[m] as f64 + 1.0 <= count_bound)?;
+        .find(|&m| shares.under(m) && loads.fits(m))?;
     Some(Spill {
         member,
         from: first,
@@ -220,17 +260,16 @@ struct Shares {
 }
 
 impl Shares {
-    fn read(serving: &ServingSet, lb: &LoadBalancing, now: u64) -> Self {
+    fn read(signals: &Signals<'_>) -> Self {
+        let (n, lb) = (signals.serving.len(), signals.lb);
         if lb.share_factor == 0.0 {
             return Self {
                 recent: SmallVec::new(),
                 bound: f64::INFINITY,
             };
         }
-        let recent: SmallVec<[f64; 32]> = (0..serving.len())
-            .map(|m| serving.replica(m).map_or(0.0, |r| r.live.recent.at(now)))
-            .collect();
-        let mean = (recent.iter().sum::<f64>() + 1.0) / serving.len().max(1) as f64;
+        let recent: SmallVec<[f64; 32]> = (0..n).map(|m| signals.recent_of(m)).collect();
+        let mean = (recent.iter().sum::<f64>() + 1.0) / n.max(1) as f64;
         let bound = match mean < SHARE_MIN_MEAN {
             true => f64::INFINITY,
             false => lb.share_factor * mean + f64::from(lb.slack),
@@ -245,12 +284,8 @@ impl Shares {
 }
 
 /// The prefill-cost comparison.
-fn by_prefill(
-    serving: &ServingSet,
-    candidates: &Candidates<'_>,
-    lb: &LoadBalancing,
-    now: u64,
-) -> Option<Spill> {
+fn by_prefill(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
+    let (serving, lb) = (signals.serving, signals.lb);
     let slack = u64::from(lb.prefill_slack_tokens);
     let pick = candidates.rows.first()?;
     // A sibling's queued prefill of the very blocks this request matches there
@@ -297,7 +332,7 @@ fn by_prefill(
         }
     }
     // A replica over its share is no cheaper for it.
-    let shares = Shares::read(serving, lb, now);
+    let shares = signals.shares();
     let costs: SmallVec<[u64; 32]> = (0..n)
         .map(|m| match shares.under(m) {
             true => queued(m).saturating_add(requested.saturating_sub(matched[m])),

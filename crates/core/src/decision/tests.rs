@@ -199,6 +199,18 @@ fn ingest(
     assert_eq!(outcome.rejected, 0, "fixture events must be valid");
 }
 
+/// `replica` reports AllBlocksCleared in acme/llama/vLLM at t0.
+fn clear(router: &Router, replica: &str) {
+    ingest(
+        router,
+        acme(),
+        replica,
+        &endpoint_of(replica),
+        &[IndexEvent::Cleared],
+        t0(),
+    );
+}
+
 /// `replica` (serving at its endpoint) stores `chain` in acme/llama/vLLM at t0.
 fn store(router: &Router, replica: &str, chain: &[u64]) {
     store_at(router, acme(), replica, chain, t0());

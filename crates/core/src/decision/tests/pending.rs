@@ -85,14 +85,7 @@ fn the_engines_events_take_over_and_a_clear_drops_them() {
     let d = lookup(&router, &r);
     let to = picked(&d).expect("pick");
     let _inflight2 = router.admit(&d, &r.as_lookup(), t0());
-    ingest(
-        &router,
-        acme(),
-        &to,
-        &endpoint_of(&to),
-        &[IndexEvent::Cleared],
-        t0(),
-    );
+    clear(&router, &to);
     let sibling: Vec<u64> = (200..206).chain([300, 301]).collect();
     let d = lookup(&router, &req(&sibling));
     assert_eq!(d.reason, ReasonCode::AffinityHint, "rows {:?}", rows(&d));

@@ -150,14 +150,7 @@ fn cleared_or_purged_prefills_stop_waiting_and_still_end_with_their_request() {
     let scope = || router.index().scope(acme()).expect("scope");
     let guard = route(&router, "r3", &[900], 800);
     assert_eq!(scope().prefills.len(), 1);
-    ingest(
-        &router,
-        acme(),
-        "r3",
-        &endpoint_of("r3"),
-        &[IndexEvent::Cleared],
-        t0(),
-    );
+    clear(&router, "r3");
     assert_eq!(scope().prefills.len(), 0);
     assert_eq!(backlog(&router, "r3"), (1, 800));
     drop(guard);
@@ -314,14 +307,7 @@ fn a_carried_request_is_let_go_by_clearing_its_replica_or_after_the_age_out() {
     drop(route_until_prefill_end(&router, "r2", &[901], 200, t0()));
     assert_eq!(scope().prefills.len(), 2);
     // AllBlocksCleared: r1 will never report the block, so its request goes now.
-    ingest(
-        &router,
-        acme(),
-        "r1",
-        &endpoint_of("r1"),
-        &[IndexEvent::Cleared],
-        t0(),
-    );
+    clear(&router, "r1");
     assert_eq!(backlog(&router, "r1"), (0, 0));
     assert_eq!(backlog(&router, "r2"), (1, 200));
     // Maintenance before the age-out keeps waiting; after it, lets go.

@@ -129,14 +129,7 @@ fn a_gateway_query_counts_nothing_and_all_blocks_cleared_starts_the_share_over()
     routed(&router, "r1", 10, t0());
     routed(&router, "r2", 3, t0());
     assert!((recent(&router, "r1") - 10.0).abs() < 0.01);
-    ingest(
-        &router,
-        acme(),
-        "r1",
-        &endpoint_of("r1"),
-        &[IndexEvent::Cleared],
-        t0(),
-    );
+    clear(&router, "r1");
     assert_eq!(recent(&router, "r1"), 0.0);
     assert!((recent(&router, "r2") - 3.0).abs() < 0.01);
 }
