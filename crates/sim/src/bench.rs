@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// Workloads to run, in order (shared-prefix, multi-turn, rag, rag-hot).
     #[arg(long = "workload", value_name = "NAME", default_values_t = Workload::NAMES.map(String::from))]
     pub workloads: Vec<String>,
-    /// Routers to compare, in order.
+    /// Routers to compare, in order (`oracle-balanced` runs only when named).
     #[arg(long = "router", value_name = "NAME", default_values_t = Router::ALL.map(|r| r.name().to_string()))]
     pub routers: Vec<String>,
     /// Seed of every workload.

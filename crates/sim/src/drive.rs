@@ -177,6 +177,8 @@ pub async fn run(
             .collect(),
     );
     let ledger = Arc::new(tokio::sync::Mutex::new(Ledger::new(engines.len())));
+    let cap =
+        (router == Router::OracleBalanced).then(|| balanced_cap(schedule.len(), engines.len()));
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for i in 0..schedule.len() {
@@ -194,7 +196,7 @@ pub async fn run(
             let url = if router.is_oracle() {
                 format!(
                     "{}/v1/completions",
-                    oracle_pick(&http, &engines, p, router, &ledger, costs).await?
+                    oracle_pick(&http, &engines, p, router, &ledger, costs, cap).await?
                 )
             } else {
                 listeners[i % listeners.len()].clone()
@@ -291,6 +293,8 @@ pub struct Ledger {
     sent: Vec<std::collections::VecDeque<u64>>,
     /// Per engine, how many requests were trimmed from `sent` (received for sure).
     trimmed: Vec<u64>,
+    /// Per engine, every request sent there this run (the balanced oracle's cap).
+    routed: Vec<u64>,
 }
 
 impl Ledger {
@@ -298,6 +302,7 @@ impl Ledger {
         Self {
             sent: vec![Default::default(); engines],
             trimmed: vec![0; engines],
+            routed: vec![0; engines],
         }
     }
 
@@ -313,6 +318,11 @@ impl Ledger {
 
     pub fn record(&mut self, engine: usize, uncached: u64) {
         self.sent[engine].push_back(uncached);
+        self.routed[engine] += 1;
+    }
+
+    pub fn routed(&self, engine: usize) -> u64 {
+        self.routed[engine]
     }
 }
 
@@ -324,18 +334,31 @@ pub struct EngineView {
     pub load: u64,
     /// The engine's cost model's prediction of this prompt's TTFT there, ms.
     pub predicted_ttft_ms: f64,
+    /// Already given its cap of requests (the balanced oracle only).
+    pub full: bool,
+}
+
+/// The most requests the balanced oracle gives one engine in a run of `requests`:
+/// ⌊1.3 × the mean⌋, the acceptance's max/mean bound, and never less than the mean
+/// rounded up, so the engines always have room for every request.
+pub fn balanced_cap(requests: usize, engines: usize) -> u64 {
+    let engines = engines.max(1) as u64;
+    let requests = requests as u64;
+    (requests * 13 / (10 * engines)).max(requests.div_ceil(engines))
 }
 
 /// The oracles' choice among the engines' answers (index; `None` when empty).
 /// `oracle`: the longest cached prefix, ties to the fewest queued + running, then
 /// the first. `oracle-load`: the lowest predicted TTFT, ties to the longest cached
-/// prefix, then the fewest queued + running, then the first.
+/// prefix, then the fewest queued + running, then the first. `oracle-balanced`:
+/// the same among the engines not yet `full`.
 pub fn oracle_choice(router: Router, views: &[EngineView]) -> Option<usize> {
     let mut best: Option<(usize, EngineView)> = None;
     for (i, v) in views.iter().copied().enumerate() {
         let better = match best {
             None => true,
-            Some((_, b)) if router == Router::OracleLoad => {
+            Some((_, b)) if router == Router::OracleBalanced && v.full != b.full => b.full,
+            Some((_, b)) if router != Router::Oracle => {
                 match v.predicted_ttft_ms.total_cmp(&b.predicted_ttft_ms) {
                     std::cmp::Ordering::Less => true,
                     std::cmp::Ordering::Greater => false,
@@ -365,6 +388,7 @@ async fn oracle_pick(
     router: Router,
     ledger: &tokio::sync::Mutex<Ledger>,
     costs: Option<BatchCosts>,
+    cap: Option<u64>,
 ) -> anyhow::Result<String> {
     let mut ledger = ledger.lock().await;
     let body = json!({ "prompt": p.request.prompt, "max_tokens": p.request.max_tokens });
@@ -390,6 +414,7 @@ async fn oracle_pick(
                     cached,
                     load,
                     predicted_ttft_ms,
+                    full: false,
                 },
                 queue,
             ))
@@ -402,6 +427,7 @@ async fn oracle_pick(
         .enumerate()
         .map(|(e, &(mut view, (pending, decoding, received)))| {
             let transit = ledger.in_transit(e, received);
+            view.full = cap.is_some_and(|cap| ledger.routed(e) >= cap);
             if let Some(c) = &costs {
                 let uncached = prompt_len.saturating_sub(view.cached);
                 view.predicted_ttft_ms = c.predict_ttft_us(
@@ -431,6 +457,7 @@ mod tests {
             cached,
             load,
             predicted_ttft_ms: ttft,
+            full: false,
         }
     }
 
@@ -465,5 +492,30 @@ mod tests {
         assert_eq!(oracle_choice(Router::OracleLoad, &views), Some(2));
         let idle = [v(0, 0, 60.0), v(0, 0, 60.0)];
         assert_eq!(oracle_choice(Router::OracleLoad, &idle), Some(0));
+    }
+
+    #[test]
+    fn the_balanced_oracle_skips_full_engines_unless_every_one_is() {
+        let mut full = v(512, 0, 10.0);
+        full.full = true;
+        let views = [full, v(0, 0, 60.0), v(0, 0, 50.0)];
+        assert_eq!(oracle_choice(Router::OracleBalanced, &views), Some(2));
+        // The other oracles do not look at it.
+        assert_eq!(oracle_choice(Router::OracleLoad, &views), Some(0));
+        let mut other = v(0, 0, 5.0);
+        other.full = true;
+        assert_eq!(
+            oracle_choice(Router::OracleBalanced, &[full, other]),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn the_balanced_cap_is_the_acceptance_bound_with_room_for_every_request() {
+        assert_eq!(balanced_cap(320, 8), 52); // 1.3 × 40
+        assert_eq!(balanced_cap(320, 4), 104); // 1.3 × 80
+        assert_eq!(balanced_cap(5, 4), 2); // 1.3 × 1.25 rounds to 1: too few
+        assert_eq!(balanced_cap(0, 4), 0);
+        assert!(balanced_cap(7, 3) * 3 >= 7);
     }
 }

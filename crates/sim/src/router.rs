@@ -21,6 +21,11 @@ pub enum Router {
     /// queued ahead of it plus its own uncached prefill) and sends the request where
     /// that prediction is lowest. Not a real router: the latency ceiling.
     OracleLoad,
+    /// The load-aware oracle held to the acceptance's balance: it knows how many
+    /// requests the run sends and never gives an engine more than 1.3 × the mean.
+    /// Not in the default set; it answers whether a router can meet the
+    /// load-aware oracle's p90 *and* max/mean ≤ 1.3 on the same workload.
+    OracleBalanced,
 }
 
 /// Where a router's traffic goes in Envoy.
@@ -30,6 +35,19 @@ pub struct EnvoyCluster {
 }
 
 impl Router {
+    /// Every router, the default set first.
+    pub const KNOWN: [Router; 8] = [
+        Self::RoundRobin,
+        Self::Random,
+        Self::LeastRequest,
+        Self::InferenceCache,
+        Self::InferenceCacheTuned,
+        Self::Oracle,
+        Self::OracleLoad,
+        Self::OracleBalanced,
+    ];
+
+    /// The routers a benchmark runs unless told otherwise.
     pub const ALL: [Router; 7] = [
         Self::RoundRobin,
         Self::Random,
@@ -49,15 +67,16 @@ impl Router {
             Self::InferenceCacheTuned => "inferencecache-tuned",
             Self::Oracle => "oracle",
             Self::OracleLoad => "oracle-load",
+            Self::OracleBalanced => "oracle-balanced",
         }
     }
 
     pub fn parse(name: &str) -> anyhow::Result<Self> {
-        match Self::ALL.into_iter().find(|r| r.name() == name) {
+        match Self::KNOWN.into_iter().find(|r| r.name() == name) {
             Some(r) => Ok(r),
             None => bail!(
                 "unknown router {name:?}; known: {}",
-                Self::ALL.map(Self::name).join(", ")
+                Self::KNOWN.map(Self::name).join(", ")
             ),
         }
     }
@@ -73,7 +92,7 @@ impl Router {
 
     /// An oracle: goes to the engines directly, asking them first.
     pub fn is_oracle(self) -> bool {
-        matches!(self, Self::Oracle | Self::OracleLoad)
+        matches!(self, Self::Oracle | Self::OracleLoad | Self::OracleBalanced)
     }
 
     /// Whether the sidecar decides (the inferencecache rows).
@@ -88,7 +107,7 @@ impl Router {
             Self::Random => ("random", false),
             Self::LeastRequest => ("least_request", false),
             Self::InferenceCache | Self::InferenceCacheTuned => ("replicas", true),
-            Self::Oracle | Self::OracleLoad => return None,
+            Self::Oracle | Self::OracleLoad | Self::OracleBalanced => return None,
         };
         Some(EnvoyCluster { cluster, ext_proc })
     }
@@ -100,7 +119,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_unknown_is_an_error() {
-        for r in Router::ALL {
+        for r in Router::KNOWN {
             assert_eq!(Router::parse(r.name()).unwrap(), r);
         }
         assert!(
