@@ -13,6 +13,7 @@ import importlib.util
 import json
 import pathlib
 import subprocess
+import sys
 
 from conftest import envoy_binary, sidecar_binary, sim_binary
 
@@ -195,3 +196,62 @@ def test_openai_clients_need_a_tokenizer(tmp_path):
     )
     assert proc.returncode != 0
     assert "--clients openai sends text prompts: give --tokenizer DIR" in proc.stderr, proc.stderr
+
+
+def _slow_causes():
+    path = pathlib.Path(__file__).parent.parent / "examples" / "demo" / "slow_causes.py"
+    spec = importlib.util.spec_from_file_location("slow_causes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_slow_causes_sorts_each_slow_request_into_one_cause():
+    sc = _slow_causes()
+
+    def s(at, family, cached, ttft, spilled=None):
+        return {"at_ms": at, "family": family, "cached_tokens": cached, "ttft_ms": ttft,
+                "spilled_from": spilled, "prompt_tokens": 1000}
+
+    samples = [
+        s(0, 1, 0, 60),            # the document's first request
+        s(30, 1, 0, 55),           # before the first finished (at 60): a sibling
+        s(100, 1, 900, 10),        # a fast hit: not slow
+        s(110, 1, 900, 45),        # a hit behind a cold prefill
+        s(120, 1, 100, 50, "r1"),  # a copy the load rule made
+        s(130, 1, 100, 50),        # a copy without a spill
+        s(5, 2, 0, 60),            # another document's first request
+        s(200, 3, 0, 15),          # a first request that was fast: not slow,
+        s(300, 3, 0, 50),          # but the next cold one is a copy
+    ]
+    assert sc.causes(samples, 500) == {
+        "first": 2, "sibling": 1, "copy": 2, "copy_spilled": 1, "hit_slowed": 1,
+    }
+
+
+def test_the_balanced_oracle_keeps_every_engine_under_the_cap(tmp_path):
+    out = tmp_path / "bench"
+    bench(out, "--router", "oracle-load", "--router", "oracle-balanced",
+          "--workload", "rag-hot", "--trace")
+    runs = {r["router"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    balanced = runs["oracle-balanced"]
+    assert balanced["errors"] == 0
+    n, engines = balanced["requests"], len(balanced["per_engine"])
+    cap = max(n * 13 // (10 * engines), -(-n // engines))
+    assert sum(balanced["per_engine"].values()) == n
+    assert max(balanced["per_engine"].values()) <= cap, balanced["per_engine"]
+    # The causes script reads the traces the run wrote and accounts for every slow request.
+    sc = _slow_causes()
+    for router in ("oracle-load", "oracle-balanced"):
+        trace = out / f"trace-rag-hot-{router}.jsonl"
+        samples = [json.loads(line) for line in trace.read_text().splitlines()]
+        assert len(samples) == n
+        counts = sc.causes(samples, 928)
+        assert sum(counts.values()) == sum(1 for x in samples if x["ttft_ms"] > sc.SLOW_MS)
+    proc = subprocess.run(
+        [sys.executable, str(pathlib.Path(__file__).parent.parent / "examples/demo/slow_causes.py"),
+         str(out / "trace-rag-hot-oracle-balanced.jsonl")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "slow" in proc.stdout and "first" in proc.stdout
