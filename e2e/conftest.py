@@ -153,6 +153,8 @@ class Upstream:
                 self.send_header("x-upstream-saw-reason", seen)
                 spilled = self.headers.get("x-inferencecache-spilled-from", "")
                 self.send_header("x-upstream-saw-spilled-from", spilled)
+                spilled_by = self.headers.get("x-inferencecache-spilled-by", "")
+                self.send_header("x-upstream-saw-spilled-by", spilled_by)
                 dest = self.headers.get_all("x-gateway-destination-endpoint") or ["-"]
                 self.send_header("x-upstream-saw-destination", ",".join(dest))
                 self.end_headers()

@@ -218,15 +218,17 @@ def test_slow_causes_sorts_each_slow_request_into_one_cause():
         s(30, 1, 0, 55),           # before the first finished (at 60): a sibling
         s(100, 1, 900, 10),        # a fast hit: not slow
         s(110, 1, 900, 45),        # a hit behind a cold prefill
-        s(120, 1, 100, 50, "r1"),  # a copy the load rule made
+        s(120, 1, 100, 50, "r1"),  # a copy the load rule made (its share check)
         s(130, 1, 100, 50),        # a copy without a spill
         s(5, 2, 0, 60),            # another document's first request
         s(200, 3, 0, 15),          # a first request that was fast: not slow,
         s(300, 3, 0, 50),          # but the next cold one is a copy
     ]
+    samples[4]["spilled_by"] = "share"
     assert sc.causes(samples, 500) == {
         "first": 2, "sibling": 1, "copy": 2, "copy_spilled": 1, "hit_slowed": 1,
     }
+    assert sc.copy_checks(samples, 500) == {"share": 1}
 
 
 def test_the_balanced_oracle_keeps_every_engine_under_the_cap(tmp_path):

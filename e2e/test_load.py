@@ -44,6 +44,7 @@ def test_an_overloaded_holder_spills_and_in_flight_is_released(override_host_sta
     assert all(r.text == "replica-b" for r in stayed)
     for r in spilled:
         assert r.headers["x-inferencecache-spilled-from"] == "replica-b"
+        assert r.headers["x-inferencecache-spilled-by"] == "requests"
         assert r.text != "replica-b"
         assert r.headers["x-inferencecache-replica"] == r.text
         assert r.headers["x-upstream-saw-spilled-from"] == "replica-b"
@@ -61,10 +62,12 @@ def test_a_client_cannot_forge_the_spilled_from_header(override_host_stack):
     s = override_host_stack
     hashes = chain()
     hold(s, "replica-a", hashes)
-    h = dict(chain_headers(hashes, debug=False), **{"x-inferencecache-spilled-from": "replica-c"})
+    h = dict(chain_headers(hashes, debug=False), **{"x-inferencecache-spilled-from": "replica-c",
+                                                     "x-inferencecache-spilled-by": "share"})
     r = s.envoy.get(h)
     assert r.text == "replica-a"
     assert r.headers["x-upstream-saw-spilled-from"] == ""
+    assert r.headers["x-upstream-saw-spilled-by"] == ""
 
 
 def _replica(stack, replica):
@@ -94,6 +97,7 @@ def test_a_prefill_backlog_spills_and_goes_when_the_engine_stores_its_last_block
         r = s.envoy.get(chain_headers(probe))
         assert r.headers["x-inferencecache-reason"] == "PREFIX_MATCH"
         assert r.headers.get("x-inferencecache-spilled-from") == "replica-b", dict(r.headers)
+        assert r.headers.get("x-inferencecache-spilled-by") == "prefill", dict(r.headers)
         assert r.text != "replica-b"
         # The engine stores the long prompt's blocks: its prefill is over while its
         # response is still held, and the holder is the pick again.
@@ -189,6 +193,7 @@ def test_a_holder_over_its_share_spills_with_nothing_in_flight(override_host_sta
     assert spilled, [r.text for r in replies]
     for r in spilled:
         assert r.headers["x-inferencecache-spilled-from"] == "replica-b"
+        assert r.headers["x-inferencecache-spilled-by"] == "share"
         assert r.text != "replica-b"
         assert r.headers["x-upstream-saw-spilled-from"] == "replica-b"
     assert sum(_inflight(s).values()) <= 1

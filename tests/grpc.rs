@@ -385,6 +385,7 @@ async fn a_holder_its_engine_reports_swamped_spills_and_the_answer_says_so() {
         .into_inner();
     assert_eq!(first.scores[0].replica_id, "r1");
     assert_eq!(first.spilled_from, "");
+    assert_eq!(first.spilled_by, "");
     // The engine says it has 40 requests queued: r1 is far over the bound.
     let stats = pb::ReportStatsRequest {
         tenant_id: "acme".into(),
@@ -406,6 +407,7 @@ async fn a_holder_its_engine_reports_swamped_spills_and_the_answer_says_so() {
         .into_inner();
     assert_eq!(moved.reason_code, pb::ReasonCode::PrefixMatch as i32);
     assert_eq!(moved.spilled_from, "r1");
+    assert_eq!(moved.spilled_by, "requests");
     assert_ne!(moved.scores[0].replica_id, "r1");
     // LookupRoute is a query: it counted nothing in flight, so asking again
     // gives the same answer.

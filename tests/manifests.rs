@@ -296,6 +296,30 @@ fn the_cluster_envoy_config_keeps_the_routing_of_envoy_override_host() {
     );
 }
 
+/// When the sidecar does not answer (fail-open), Envoy passes the request on
+/// unprocessed, so every shipped config strips each decision header a client
+/// could forge before ext_proc runs; a header added to the sidecar must be
+/// added to all of them.
+#[test]
+fn every_envoy_config_strips_every_decision_header() {
+    use inferencecache::adapters::ext_proc::verdict::DECISION_HEADERS;
+    for path in [
+        "envoy/override-host.yaml",
+        "envoy/original-dst.yaml",
+        "envoy/gie.yaml",
+        "manifests/envoy-config.yaml",
+    ] {
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        for header in DECISION_HEADERS {
+            let line = format!("- remove: {header}");
+            assert!(
+                text.lines().any(|l| l.trim() == line),
+                "{path} does not strip {header}"
+            );
+        }
+    }
+}
+
 /// The sidecar's ClusterRole can get/list/watch every resource its watches read
 /// (`serve --kubernetes`), including GIE's InferencePools.
 #[test]

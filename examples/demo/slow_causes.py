@@ -12,6 +12,9 @@ trace by cause, so two routers can be compared on what they do differently:
   (``spilled`` when inferencecache's load rule moved it);
 - hit slowed: a cache hit that shared its engine with a cold prefill.
 
+Spilled copies are also split by the load rule's check that moved them
+(``spilled_by``: requests, share or prefill).
+
 Usage: slow_causes.py TRACE.jsonl...   (prints one line per file and the medians)
 """
 
@@ -23,6 +26,30 @@ SLOW_MS = 20.0
 CAUSES = ("first", "sibling", "copy", "copy_spilled", "hit_slowed")
 
 
+def _cause(s, prompt_cached_min, first_done):
+    family = s["family"]
+    if s["cached_tokens"] >= prompt_cached_min:
+        return "hit_slowed"
+    if family not in first_done:
+        first_done[family] = s["at_ms"] + s["ttft_ms"]
+        return "first"
+    if s["at_ms"] < first_done[family]:
+        return "sibling"
+    return "copy_spilled" if s.get("spilled_from") else "copy"
+
+
+def copy_checks(samples, prompt_cached_min):
+    """Slow spilled copies by the check that moved them (``spilled_by``)."""
+    counts = {}
+    first_done = {}
+    for s in sorted(samples, key=lambda s: s["at_ms"]):
+        cause = _cause(s, prompt_cached_min, first_done)
+        if cause == "copy_spilled" and s["ttft_ms"] > SLOW_MS:
+            check = s.get("spilled_by") or "unknown"
+            counts[check] = counts.get(check, 0) + 1
+    return counts
+
+
 def causes(samples, prompt_cached_min):
     """Counts of each cause among `samples` (dicts of one trace line each).
 
@@ -32,18 +59,7 @@ def causes(samples, prompt_cached_min):
     counts = dict.fromkeys(CAUSES, 0)
     first_done = {}
     for s in sorted(samples, key=lambda s: s["at_ms"]):
-        family = s["family"]
-        if s["cached_tokens"] >= prompt_cached_min:
-            cause = "hit_slowed"
-        elif family not in first_done:
-            cause = "first"
-            first_done[family] = s["at_ms"] + s["ttft_ms"]
-        elif s["at_ms"] < first_done[family]:
-            cause = "sibling"
-        elif s.get("spilled_from"):
-            cause = "copy_spilled"
-        else:
-            cause = "copy"
+        cause = _cause(s, prompt_cached_min, first_done)
         if s["ttft_ms"] > SLOW_MS:
             counts[cause] += 1
     return counts
@@ -61,11 +77,18 @@ def main(paths):
         # RAG prompt shares (256 of 1,856 tokens), less than the document.
         half = min((s["prompt_tokens"] for s in samples), default=0) // 2
         c = causes(samples, half)
-        rows.append(c)
-        print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in c.items()) + f"; slow {sum(c.values())}")
+        checks = copy_checks(samples, half)
+        rows.append((c, checks))
+        by = "".join(f", {k} {v}" for k, v in sorted(checks.items()))
+        print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+              + f"; slow {sum(c.values())}" + (f" (spilled copies by check{by[1:]})" if by else ""))
     if len(rows) > 1:
-        med = {k: statistics.median(r[k] for r in rows) for k in CAUSES}
+        med = {k: statistics.median(r[k] for r, _ in rows) for k in CAUSES}
         print("median: " + ", ".join(f"{k} {v:g}" for k, v in med.items()))
+        names = sorted({k for _, ch in rows for k in ch})
+        if names:
+            print("median spilled copies by check: " + ", ".join(
+                f"{k} {statistics.median(ch.get(k, 0) for _, ch in rows):g}" for k in names))
     return 0
 
 

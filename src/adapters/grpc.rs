@@ -257,6 +257,7 @@ pub fn lookup_response(decision: &Decision) -> pb::LookupRouteResponse {
         reason_code: reason_code(decision.reason) as i32,
         policy_revision: decision.policy_revision.to_string(),
         spilled_from: decision.spilled_from().unwrap_or_default().to_string(),
+        spilled_by: decision.spilled_by().map_or("", |c| c.as_str()).to_string(),
     }
 }
 

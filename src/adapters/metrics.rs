@@ -28,6 +28,7 @@ use crate::adapters::ingest::MAX_CALLER_LABELS;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
 use crate::core::Router;
+use crate::core::decision::SpillCheck;
 use crate::core::decision::outcome::ReasonCode;
 use crate::core::time::Timestamp;
 use latency::LatencyHistogram;
@@ -65,6 +66,11 @@ struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    check: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,6 +129,9 @@ pub struct Metrics {
     /// `load_spills`' series by reason, resolved on first use (a series appears
     /// only once a spill happens), so a spill takes no family lock after that.
     spill_counters: [OnceLock<Counter>; ReasonCode::ALL.len()],
+    /// Spills by the load rule's check that moved them, every series resolved
+    /// up front (three, so a dashboard sees zeros rather than nothing).
+    spill_checks: [Counter; SpillCheck::ALL.len()],
     body_requests: Family<OutcomeLabels, Counter>,
     ingest_calls: Family<RpcLabels, Counter>,
     ingest_events: Family<EventLabels, Counter>,
@@ -161,6 +170,20 @@ impl Metrics {
             "Routed requests the load rule moved off the cache's first choice, by reason code",
             load_spills.clone(),
         );
+        let spill_check_family = Family::<CheckLabels, Counter>::default();
+        registry.register(
+            "load_spill_checks",
+            "Routed requests the load rule moved, by the check that moved them: requests \
+             (in flight), share (routed lately) or prefill (queued prefill tokens)",
+            spill_check_family.clone(),
+        );
+        let spill_checks = SpillCheck::ALL.map(|check| {
+            spill_check_family
+                .get_or_create(&CheckLabels {
+                    check: check.as_str(),
+                })
+                .clone()
+        });
         let body_requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "body_requests",
@@ -241,6 +264,7 @@ impl Metrics {
             latency_by_path,
             load_spills,
             spill_counters: Default::default(),
+            spill_checks,
             body_requests,
             ingest_calls,
             ingest_events,
@@ -350,6 +374,11 @@ impl Metrics {
                 .clone()
         })
         .inc();
+    }
+
+    /// The load rule's check that moved a routed request.
+    pub fn record_spill_check(&self, check: SpillCheck) {
+        self.spill_checks[check as usize].inc();
     }
 
     /// One IngestEvents or ReportStats call (`rpc` is the RPC name).
@@ -521,5 +550,34 @@ mod handle_tests {
         for (i, p) in DecisionPath::ALL.iter().enumerate() {
             assert_eq!(*p as usize, i, "{p:?}");
         }
+        for (i, c) in SpillCheck::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn spills_are_counted_by_the_check_that_moved_them() {
+        let router = Arc::new(Router::new(
+            crate::core::index::IndexConfig::default(),
+            crate::core::snapshot::PolicySnapshot::new(
+                crate::core::policy::ResolvedPolicy::default(),
+                vec![],
+                vec![],
+            ),
+            Timestamp(0),
+        ));
+        let m = Metrics::new(router, Arc::new(SourceStatus::new()));
+        let text = m.encode().expect("encode");
+        for check in ["requests", "share", "prefill"] {
+            let line = format!("inferencecache_load_spill_checks_total{{check=\"{check}\"}} 0");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        m.record_spill_check(SpillCheck::Share);
+        m.record_spill_check(SpillCheck::Share);
+        m.record_spill_check(SpillCheck::Prefill);
+        let text = m.encode().expect("encode");
+        assert!(text.contains("inferencecache_load_spill_checks_total{check=\"share\"} 2"));
+        assert!(text.contains("inferencecache_load_spill_checks_total{check=\"prefill\"} 1"));
+        assert!(text.contains("inferencecache_load_spill_checks_total{check=\"requests\"} 0"));
     }
 }

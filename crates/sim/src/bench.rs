@@ -840,6 +840,7 @@ mod tests {
             reason: Some("PREFIX_MATCH".into()),
             predicted_cached: Some(64),
             spilled_from: spilled_from.map(str::to_string),
+            spilled_by: spilled_from.map(|_| "share".to_string()),
             family: 3,
         };
         let dir = std::env::temp_dir().join(format!("ic-trace-{}", std::process::id()));
@@ -860,6 +861,7 @@ mod tests {
         assert_eq!(lines[0]["spilled_from"], serde_json::Value::Null);
         assert_eq!(lines[1]["replica"], "engine-1");
         assert_eq!(lines[1]["spilled_from"], "engine-0");
+        assert_eq!(lines[1]["spilled_by"], "share");
         assert_eq!(lines[1]["cached_tokens"], 64);
         std::fs::remove_dir_all(&dir).unwrap();
     }

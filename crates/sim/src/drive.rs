@@ -132,6 +132,8 @@ pub struct Sample {
     pub predicted_cached: Option<u64>,
     /// The replica the cache preferred when the load rule moved the pick.
     pub spilled_from: Option<String>,
+    /// The load rule's check that moved it (`requests`, `share`, `prefill`).
+    pub spilled_by: Option<String>,
     pub family: u32,
 }
 
@@ -279,6 +281,7 @@ async fn send(
                 .unwrap_or(0)
         }),
         spilled_from: header(headers::SPILLED_FROM),
+        spilled_by: header(headers::SPILLED_BY),
         family: p.request.family,
     })
 }

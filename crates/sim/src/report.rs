@@ -316,6 +316,7 @@ mod tests {
             reason: Some("PREFIX_MATCH".to_string()),
             predicted_cached: Some(cached),
             spilled_from: None,
+            spilled_by: None,
             family: 0,
         }
     }

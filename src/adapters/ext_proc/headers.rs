@@ -32,6 +32,8 @@ pub const SCORE: &str = "x-inferencecache-score";
 pub const MATCHED_TOKENS: &str = "x-inferencecache-matched-tokens";
 /// Set when the load rule moved the pick: the replica the cache preferred (§12).
 pub const SPILLED_FROM: &str = "x-inferencecache-spilled-from";
+/// With it, the load rule's check that moved the pick: `requests`, `share` or `prefill`.
+pub const SPILLED_BY: &str = "x-inferencecache-spilled-by";
 /// Why a request got no hint when its headers were malformed (debug only).
 pub const DETAIL: &str = "x-inferencecache-detail";
 /// The policy revision that decided (debug only).

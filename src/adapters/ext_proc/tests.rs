@@ -385,6 +385,7 @@ fn an_overloaded_holder_spills_and_says_where_from() {
     let c = common(&reply);
     assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
     assert_eq!(set_value(c, SPILLED_FROM).as_deref(), Some("r1"));
+    assert_eq!(set_value(c, SPILLED_BY).as_deref(), Some("requests"));
     let to = set_value(c, REPLICA).expect("a pick");
     assert_ne!(to, "r1");
     assert_ne!(
@@ -400,10 +401,14 @@ fn an_overloaded_holder_spills_and_says_where_from() {
     assert!(inflight_of(&svc, "r1") < 7 && inflight_of(&svc, &to) >= 1);
     drop(held);
     // Balanced again: the holder, and a forged spilled-from header is removed.
-    let (reply, _) = ask(&svc, &chain_headers(&[(SPILLED_FROM, "r9")]));
+    let (reply, _) = ask(
+        &svc,
+        &chain_headers(&[(SPILLED_FROM, "r9"), (SPILLED_BY, "share")]),
+    );
     let c = common(&reply);
     assert_eq!(set_value(c, REPLICA).as_deref(), Some("r1"));
     assert!(removed(c, SPILLED_FROM));
+    assert!(removed(c, SPILLED_BY));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::body::BodyMiss;
 use super::headers::{
     self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
-    SPILLED_FROM,
+    SPILLED_BY, SPILLED_FROM,
 };
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
@@ -213,6 +213,10 @@ impl Verdict {
                         upstream.push((SPILLED_FROM, from.to_string()));
                         metrics.record_spill(decision.reason);
                     }
+                    if let Some(by) = decision.spilled_by() {
+                        upstream.push((SPILLED_BY, by.as_str().to_string()));
+                        metrics.record_spill_check(by);
+                    }
                     inflight = match config.inflight_release {
                         InflightRelease::ResponseHeaders => router.admit(&decision, &req, now),
                         InflightRelease::PrefillEnd => {
@@ -323,12 +327,13 @@ pub struct Input<'a> {
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.
-pub const DECISION_HEADERS: [&str; 7] = [
+pub const DECISION_HEADERS: [&str; 8] = [
     REASON,
     REPLICA,
     SCORE,
     MATCHED_TOKENS,
     SPILLED_FROM,
+    SPILLED_BY,
     DETAIL,
     POLICY_REVISION,
 ];

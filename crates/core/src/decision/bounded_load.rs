@@ -41,11 +41,38 @@ use super::rank::Row;
 use crate::index::ServingSet;
 use crate::policy::LoadBalancing;
 
-/// The member the request goes to instead, and the member the cache preferred.
+/// The member the request goes to instead, the member the cache preferred, and
+/// the check that moved it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Spill {
     pub member: usize,
     pub from: usize,
+    pub by: SpillCheck,
+}
+
+/// Which of the load rule's checks moved a pick: an operator tuning the rule
+/// needs to know which knob is at work (`x-inferencecache-spilled-by`,
+/// `LookupRouteResponse.spilled_by`, `inferencecache_load_spill_checks_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpillCheck {
+    /// The pick's requests in flight (`factor`, `slack`).
+    Requests,
+    /// The pick's recently routed requests (`shareFactor`).
+    Share,
+    /// The pick's queued prefill tokens (`prefillSlackTokens`).
+    Prefill,
+}
+
+impl SpillCheck {
+    pub const ALL: [SpillCheck; 3] = [Self::Requests, Self::Share, Self::Prefill];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Share => "share",
+            Self::Prefill => "prefill",
+        }
+    }
 }
 
 /// The seed's candidates for one request, from which the walk is built only when
@@ -214,6 +241,7 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
     Some(Spill {
         member,
         from: first,
+        by: SpillCheck::Requests,
     })
 }
 
@@ -244,6 +272,7 @@ fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill>
     Some(Spill {
         member,
         from: first,
+        by: SpillCheck::Share,
     })
 }
 
@@ -351,6 +380,7 @@ fn by_prefill(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spil
     Some(Spill {
         member,
         from: pick.member,
+        by: SpillCheck::Prefill,
     })
 }
 

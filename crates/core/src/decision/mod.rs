@@ -12,6 +12,7 @@
 
 pub mod affinity;
 mod bounded_load;
+pub use bounded_load::SpillCheck;
 pub mod outcome;
 mod rank;
 pub mod request;
@@ -351,7 +352,7 @@ fn finish(
     // (By reference: the serving set is 176 bytes, copied whole when moved.)
     // Same size and alignment: `collect` reuses the ranker's allocation.
     let members = serving.members();
-    let spilled_from = spilled.map(|sp| members[sp.from]);
+    let spilled_from = spilled.map(|sp| (members[sp.from], sp.by));
     let slots = rows
         .into_iter()
         .map(|r| ScoredSlot {

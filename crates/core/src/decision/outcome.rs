@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::SpillCheck;
 use crate::index::ReplicaTable;
 use crate::load::Inflight;
 use crate::time::Timestamp;
@@ -92,8 +93,9 @@ pub struct Decision {
     pub policy_revision: Arc<str>,
     rows: Vec<ScoredSlot>,
     replicas: Option<Arc<ReplicaTable>>,
-    /// The slot the cache preferred when the load rule moved the pick.
-    spilled_from: Option<u32>,
+    /// The slot the cache preferred when the load rule moved the pick, and the
+    /// check that moved it.
+    spilled_from: Option<(u32, SpillCheck)>,
     /// The policy's loadAwareness: only then is a routed request counted.
     load_aware: bool,
 }
@@ -130,7 +132,11 @@ impl Decision {
     }
 
     /// Marks a decision made with the load rule on, and where it spilled from.
-    pub(crate) fn with_load(mut self, load_aware: bool, spilled_from: Option<u32>) -> Self {
+    pub(crate) fn with_load(
+        mut self,
+        load_aware: bool,
+        spilled_from: Option<(u32, SpillCheck)>,
+    ) -> Self {
         self.load_aware = load_aware;
         self.spilled_from = spilled_from;
         self
@@ -159,8 +165,14 @@ impl Decision {
     /// When the load rule moved the pick: the replica the cache preferred
     /// (`x-inferencecache-spilled-from`, `LookupRouteResponse.spilled_from`).
     pub fn spilled_from(&self) -> Option<&str> {
-        let slot = self.spilled_from?;
+        let (slot, _) = self.spilled_from?;
         Some(&*self.replicas.as_deref()?.get(slot)?.id)
+    }
+
+    /// When the load rule moved the pick: which of its checks did
+    /// (`x-inferencecache-spilled-by`, `LookupRouteResponse.spilled_by`).
+    pub fn spilled_by(&self) -> Option<SpillCheck> {
+        self.spilled_from.map(|(_, by)| by)
     }
 
     /// Counts this request against the picked replica until the returned guard is

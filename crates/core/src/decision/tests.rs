@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use super::SpillCheck;
 use super::affinity;
 use super::outcome::{Decision, ReasonCode, Strategy};
 use super::request::LookupRequest;

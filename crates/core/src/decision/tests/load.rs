@@ -59,6 +59,7 @@ fn an_overloaded_first_choice_spills_to_the_next_survivor() {
     let seed = expected_seed_rows();
     assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
     assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
     // Within the bound: one in flight gives mean (1 + 1) / 4 = 0.5, bound 2.625,
     // and r1 with this request (2) stays under it.
     drop(_held);

@@ -62,6 +62,7 @@ fn a_pick_with_a_long_prefill_queue_spills_to_the_cheapest_replica() {
     assert_eq!(d.reason, ReasonCode::PrefixMatch);
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Prefill));
 }
 
 #[test]

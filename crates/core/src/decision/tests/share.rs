@@ -68,6 +68,7 @@ fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
     let seed = seed_rows();
     assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
     assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
 }
 
 #[test]
