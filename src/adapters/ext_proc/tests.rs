@@ -381,7 +381,21 @@ fn an_overloaded_holder_spills_and_says_where_from() {
     let svc = mk_service(ExtProcConfig::default());
     // r1 holds the chain; three replicas: mean (k + 1) / 3, bound 1.25 × mean + 2.
     let held: Vec<StreamState> = (0..6).map(|_| routed(&svc).1).collect();
-    let (reply, _spilled) = routed(&svc);
+    // A hit with nothing left to prefill would start at once even there (a
+    // quick start stays); this one brings a 600-token tail nobody holds.
+    let mut tail = CHAIN.to_vec();
+    tail.push(0xc1);
+    let mut counts = vec!["16"; CHAIN.len()];
+    counts.push("600");
+    let mut long = chain_headers(&[]);
+    for (k, v) in &mut long {
+        if *k == BLOCK_HASHES {
+            *v = format_chain(&tail);
+        } else if *k == BLOCK_TOKEN_COUNTS {
+            *v = counts.join(",");
+        }
+    }
+    let (reply, _spilled) = on_new_stream(&svc, &long);
     let c = common(&reply);
     assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
     assert_eq!(set_value(c, SPILLED_FROM).as_deref(), Some("r1"));

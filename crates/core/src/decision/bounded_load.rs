@@ -19,6 +19,20 @@
 //! more than the common prefix, then everyone else in rendezvous order, seeded by
 //! the request's own last block when the pick itself holds only the common part.
 //!
+//! A pick the request would start on within [`QUICK_START_TOKENS`] of prefill (a
+//! hit on its holder with little queued ahead of it, and nothing its engine
+//! reports waiting) stays whatever its request count while the share bound is
+//! on: moving it makes a full prefill elsewhere, a request slowed to save
+//! nothing, and the share bound balances the fleet's requests. Below the share
+//! bound's gate the count is the only balance there is, so it still decides.
+//!
+//! The share bound spills first to another holder of the request's
+//! distinguishing prefix, where it is still a hit. Anywhere else it is a new
+//! copy of the prefix (a full prefill, and a replica that then attracts the
+//! prefix's overflow), so a copy waits until the pick is a second `slack` past
+//! the bound, and goes to the replica with the fewest recent requests: the one
+//! with the most room to absorb that overflow before it too needs relief.
+//!
 //! A request count cannot tell a replica running two full prefills from one
 //! running two cheap decodes, and prefill is what a request's TTFT waits on. So
 //! when the count leaves the pick alone, its *prefill cost* is compared too: the
@@ -102,6 +116,12 @@ impl Candidates<'_> {
     /// The walk after the pick: survivors holding more than the common prefix,
     /// then every other serving member in rendezvous order of the seed.
     fn walk(&self, serving: &ServingSet) -> SmallVec<[usize; 32]> {
+        self.walk_split(serving).0
+    }
+
+    /// [`Self::walk`] and how many of its first members are survivors holding
+    /// more than the common prefix (where the request is still a hit).
+    fn walk_split(&self, serving: &ServingSet) -> (SmallVec<[usize; 32]>, usize) {
         let common = if self.prefix_match {
             common_blocks(self.rows, serving.len())
         } else {
@@ -130,8 +150,15 @@ impl Candidates<'_> {
         // Highest weight first; members are in replica-id order, so ties (a 64-bit
         // collision) go to the smaller id.
         rest.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let holders = order.len();
         order.extend(rest.into_iter().map(|(_, m)| m));
-        order
+        (order, holders)
+    }
+
+    /// The tokens of the request's match on `m` that a sibling routed there
+    /// moments ago is still prefilling (pending entries).
+    fn riding(&self, m: usize) -> u64 {
+        self.riding.and_then(|r| r.get(m).copied()).unwrap_or(0)
     }
 }
 
@@ -185,6 +212,48 @@ impl Signals<'_> {
             .map_or(0, |r| r.live.current_load(self.now, max_age))
     }
 
+    /// The uncached prompt tokens queued on `m`, less the ones the request
+    /// rides on: a sibling's queued prefill of the very blocks this request
+    /// matches there is work it would wait for anyway, not extra.
+    fn queued(&self, candidates: &Candidates<'_>, m: usize) -> u64 {
+        self.serving.replica(m).map_or(0, |r| {
+            r.live
+                .inflight_tokens
+                .load(Ordering::Relaxed)
+                .saturating_sub(candidates.riding(m))
+        })
+    }
+
+    /// The prefill tokens the request would wait on at `row`'s replica: the
+    /// queued ones plus its own beyond the match there.
+    fn prefill_cost(&self, candidates: &Candidates<'_>, row: &Row) -> u64 {
+        self.queued(candidates, row.member).saturating_add(
+            candidates
+                .requested
+                .saturating_sub(u64::from(row.matched_tokens)),
+        )
+    }
+
+    /// The request would start on its pick within [`QUICK_START_TOKENS`] of
+    /// prefill, with nothing the engine reports waiting ahead of it, and the
+    /// share bound is on to keep the fleet balanced without the count. (Quick
+    /// starts kept below its gate let a hot document's holder take what it
+    /// liked until the gate opened: 1.85 × the mean on eight-engine rag-hot.
+    /// A gate low enough to catch that moved multi-turn conversations that
+    /// were balanced with no spill at all.)
+    fn quick_start(&self, candidates: &Candidates<'_>) -> bool {
+        let Some(pick) = candidates.rows.first() else {
+            return false;
+        };
+        let waiting = self.serving.replica(pick.member).map_or(0, |r| {
+            r.live
+                .engine_waiting(self.now, self.lb.stats_max_age_nanos())
+        });
+        waiting == 0
+            && self.prefill_cost(candidates, pick) <= QUICK_START_TOKENS
+            && self.shares().bound.is_finite()
+    }
+
     /// One member's decayed count of recently routed requests.
     fn recent_of(&self, m: usize) -> f64 {
         self.serving
@@ -226,6 +295,10 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
     if signals.load_of(first) as f64 + 1.0 <= f64::from(signals.lb.slack) {
         return None;
     }
+    // A quick start is no overload: one replica's atomics decide it too.
+    if signals.quick_start(candidates) {
+        return None;
+    }
     let loads = signals.loads();
     if loads.fits(first) {
         return None;
@@ -246,8 +319,10 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
 }
 
 /// The share bound: the pick's decayed count of recently routed requests
-/// against `share_factor × mean + slack`; the walk takes the first candidate
-/// under both this bound and the request-count one.
+/// against `share_factor × mean + slack`. The request goes to the first other
+/// holder of its distinguishing prefix under both this bound and the request
+/// count; with none, a copy is made once the pick is past the copy bound, on
+/// the replica with the fewest recent requests (ties in walk order).
 fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
     let lb = signals.lb;
     if lb.share_factor == 0.0 {
@@ -265,10 +340,18 @@ fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill>
         return None;
     }
     let loads = signals.loads();
-    let member = candidates
-        .walk(signals.serving)
-        .into_iter()
-        .find(|&m| shares.under(m) && loads.fits(m))?;
+    let fits = |m: usize| shares.under(m) && loads.fits(m);
+    let (walk, holders) = candidates.walk_split(signals.serving);
+    let (held, others) = walk.split_at(holders);
+    let member = match held.iter().copied().find(|&m| fits(m)) {
+        Some(m) => m,
+        None if !shares.past_copy_bound(first) => return None,
+        None => others
+            .iter()
+            .copied()
+            .filter(|&m| fits(m))
+            .min_by(|&a, &b| shares.recent_of(a).total_cmp(&shares.recent_of(b)))?,
+    };
     Some(Spill {
         member,
         from: first,
@@ -281,11 +364,19 @@ fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill>
 /// needs no balancing, and a quiet fleet keeps every answer the seed's.
 pub(crate) const SHARE_MIN_MEAN: f64 = 16.0;
 
+/// A pick the request starts on within this many prefill tokens (its own beyond
+/// the match plus those queued there: ~15 ms at the benchmark's 30 µs a token,
+/// two or three engine steps) is no overload whatever its request count, while
+/// the share bound is on (`Signals::quick_start`).
+pub(crate) const QUICK_START_TOKENS: u64 = 512;
+
 /// Every serving member's recent share against the share bound; every member is
 /// under it when the bound is off or traffic is below [`SHARE_MIN_MEAN`].
 struct Shares {
     recent: SmallVec<[f64; 32]>,
     bound: f64,
+    /// `slack` more than `bound`: where a copy is made.
+    copy_bound: f64,
 }
 
 impl Shares {
@@ -295,6 +386,7 @@ impl Shares {
             return Self {
                 recent: SmallVec::new(),
                 bound: f64::INFINITY,
+                copy_bound: f64::INFINITY,
             };
         }
         let recent: SmallVec<[f64; 32]> = (0..n).map(|m| signals.recent_of(m)).collect();
@@ -303,12 +395,25 @@ impl Shares {
             true => f64::INFINITY,
             false => lb.share_factor * mean + f64::from(lb.slack),
         };
-        Self { bound, recent }
+        Self {
+            bound,
+            copy_bound: bound + f64::from(lb.slack),
+            recent,
+        }
+    }
+
+    fn recent_of(&self, m: usize) -> f64 {
+        self.recent.get(m).copied().unwrap_or(0.0)
     }
 
     /// Placing one more request on `m` keeps it within the bound.
     fn under(&self, m: usize) -> bool {
-        self.recent.get(m).copied().unwrap_or(0.0) + 1.0 <= self.bound
+        self.recent_of(m) + 1.0 <= self.bound
+    }
+
+    /// Placing one more request on `m` takes it past the copy bound.
+    fn past_copy_bound(&self, m: usize) -> bool {
+        self.recent_of(m) + 1.0 > self.copy_bound
     }
 }
 
@@ -317,26 +422,8 @@ fn by_prefill(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spil
     let (serving, lb) = (signals.serving, signals.lb);
     let slack = u64::from(lb.prefill_slack_tokens);
     let pick = candidates.rows.first()?;
-    // A sibling's queued prefill of the very blocks this request matches there
-    // is work the request rides on, not work it waits behind as extra: sending
-    // it elsewhere would prefill those blocks a second time.
-    let riding = |m: usize| {
-        candidates
-            .riding
-            .and_then(|r| r.get(m).copied())
-            .unwrap_or(0)
-    };
-    let queued = |m: usize| {
-        serving.replica(m).map_or(0, |r| {
-            r.live
-                .inflight_tokens
-                .load(Ordering::Relaxed)
-                .saturating_sub(riding(m))
-        })
-    };
     let requested = candidates.requested;
-    let first_cost = queued(pick.member)
-        .saturating_add(requested.saturating_sub(u64::from(pick.matched_tokens)));
+    let first_cost = signals.prefill_cost(candidates, pick);
     // No replica costs less than nothing, nor less than the request's tokens
     // beyond the longest match: a pick within the slack of that always stays, and
     // the common cases (an idle pick holding the best match, an idle affinity
@@ -364,7 +451,9 @@ fn by_prefill(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spil
     let shares = signals.shares();
     let costs: SmallVec<[u64; 32]> = (0..n)
         .map(|m| match shares.under(m) {
-            true => queued(m).saturating_add(requested.saturating_sub(matched[m])),
+            true => signals
+                .queued(candidates, m)
+                .saturating_add(requested.saturating_sub(matched[m])),
             false => u64::MAX,
         })
         .collect();

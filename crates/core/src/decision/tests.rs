@@ -246,6 +246,15 @@ fn fleet(policy: ResolvedPolicy) -> (Router, Req) {
     (router, req(&[1, 2, 3, 4, 5, 6, 7, 8]))
 }
 
+/// `r` with a 600-token last block: a full prefill anywhere, never a quick start
+/// (`QUICK_START_TOKENS`), so the request count decides alone.
+fn long(mut r: Req) -> Req {
+    if let Some(last) = r.counts.last_mut() {
+        *last = 600;
+    }
+    r
+}
+
 /// `replica` sends events without an endpoint: prefix-only.
 fn store_prefix_only(router: &Router, scope: ScopeRef<'_>, replica: &str, chain: &[u64]) {
     ingest(router, scope, replica, "", &[stored(chain)], t0());

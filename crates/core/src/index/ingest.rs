@@ -237,7 +237,8 @@ impl Index {
         );
         *live.stats.lock() = Some((report.stats, now));
         live.set_engine_queue(
-            u64::from(report.stats.waiting_requests) + u64::from(report.stats.running_requests),
+            u64::from(report.stats.waiting_requests),
+            u64::from(report.stats.running_requests),
             now.as_nanos(),
         );
         Ok(())

@@ -44,6 +44,9 @@ pub(crate) struct ReplicaLive {
     /// decision's load rule reads no lock.
     pub engine_queue: AtomicU64,
     pub engine_queue_at: AtomicU64,
+    /// The waiting part of that report: a request sent there now queues behind
+    /// them, whatever its own prefill (the load rule's quick start).
+    pub engine_waiting: AtomicU64,
     /// Bumped by every engine report: tells a request admitted before the report
     /// (which the engine's count already includes) from one admitted after.
     pub report_epoch: AtomicU64,
@@ -100,12 +103,23 @@ impl ReplicaLive {
     }
 
     /// Records the engine's reported queue (ReportStats, scrapes).
-    pub fn set_engine_queue(&self, waiting_plus_running: u64, at: u64) {
+    pub fn set_engine_queue(&self, waiting: u64, running: u64, at: u64) {
         self.engine_queue
-            .store(waiting_plus_running, Ordering::Relaxed);
+            .store(waiting.saturating_add(running), Ordering::Relaxed);
+        self.engine_waiting.store(waiting, Ordering::Relaxed);
         self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
         self.report_epoch.fetch_add(1, Ordering::Relaxed);
         self.inflight_since_report.store(0, Ordering::Relaxed);
+    }
+
+    /// The engine's reported waiting requests; 0 without a report younger
+    /// than `max_age`.
+    pub fn engine_waiting(&self, now: u64, max_age: u64) -> u64 {
+        let at = self.engine_queue_at.load(Ordering::Relaxed);
+        if at == 0 || now.saturating_sub(at) > max_age {
+            return 0;
+        }
+        self.engine_waiting.load(Ordering::Relaxed)
     }
 
     /// Reported waiting + running requests, for the ORIGINAL_DST fallback.

@@ -53,6 +53,7 @@ fn balanced_or_absent_load_gives_the_seeds_answer() {
 #[test]
 fn an_overloaded_first_choice_spills_to_the_next_survivor() {
     let (router, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
     // mean (6 + 1) / 4 = 1.75, bound 1.25 × 1.75 + 2 = 4.19: r1 at 7 is over.
     let _held = load(&router, "r1", 6);
     let d = lookup(&router, &r);
@@ -72,6 +73,7 @@ fn an_overloaded_first_choice_spills_to_the_next_survivor() {
 #[test]
 fn all_survivors_overloaded_walk_the_rendezvous_order_of_the_deepest_matched_block() {
     let (router, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
     let _held: Vec<_> = ["r1", "r2"]
         .iter()
         .flat_map(|id| load(&router, id, 6))
@@ -122,6 +124,7 @@ fn report_queue(router: &Router, replica: &str, waiting: u32, now: Timestamp) {
 #[test]
 fn engine_reported_load_counts_until_it_is_stale() {
     let (router, r) = fleet(ResolvedPolicy::default());
+    // A cheap hit, but 30 requests wait at r1's engine: no quick start.
     report_queue(&router, "r1", 30, t0());
     let d = lookup_at(&router, &r, at(1));
     assert_eq!(picked(&d).as_deref(), Some("r2"));
@@ -166,7 +169,7 @@ fn an_overloaded_affinity_pick_spills_in_rendezvous_order() {
         register(&router, acme(), id, t0());
     }
     let seed = seed_owned_by("r2", &FLEET, &[]);
-    let r = req(&[seed]);
+    let r = long(req(&[seed]));
     assert_affinity(&lookup(&router, &r), "r2");
     let _held = load(&router, "r2", 6);
     let d = lookup(&router, &r);
@@ -182,7 +185,7 @@ fn an_overloaded_tenant_hot_pick_spills() {
     for id in ["r2", "r3", "r4"] {
         register(&router, acme(), id, t0());
     }
-    let r = req(&[7, 8, 9]);
+    let r = long(req(&[7, 8, 9]));
     assert_tenant_hot(&lookup(&router, &r), "r1");
     let _held = load(&router, "r1", 6);
     let d = lookup(&router, &r);
@@ -205,6 +208,7 @@ fn one_serving_replica_never_spills() {
 #[test]
 fn requests_sent_since_the_engines_report_add_to_it() {
     let (router, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
     // Every engine reports 8 running: r1's 8 + 1 is under 1.25 × 8.25 + 2.
     for id in FLEET {
         report_queue(&router, id, 0, t0());
@@ -252,7 +256,7 @@ fn a_spill_from_a_common_header_skips_its_other_holders() {
     // A new conversation matches only the header, which three of four hold: the
     // seed ranks its holders, r1 first.
     let last = seed_owned_by("r4", &["r2", "r3", "r4"], &[1, 2, 3, 4, 5, 6]);
-    let new_chat = req(&[1, 2, 3, 4, last]);
+    let new_chat = long(req(&[1, 2, 3, 4, last]));
     let d = lookup(&router, &new_chat);
     assert_eq!(d.reason, ReasonCode::PrefixMatch);
     assert_eq!(picked(&d).as_deref(), Some("r1"));
@@ -268,7 +272,7 @@ fn a_spill_from_a_common_header_skips_its_other_holders() {
 #[test]
 fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
     let router = header_fleet();
-    let chat = req(&[1, 2, 3, 4, 5, 6, 7]);
+    let chat = long(req(&[1, 2, 3, 4, 5, 6, 7]));
     assert_eq!(picked(&lookup(&router, &chat)).as_deref(), Some("r1"));
     let _held = load(&router, "r1", 6);
     let d = lookup(&router, &chat);

@@ -271,6 +271,7 @@ fn without_live_engine_signals_the_guard_keeps_the_count() {
 fn a_fully_cached_request_has_no_prefill_to_wait_for() {
     let router = reported_fleet();
     let (_, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
     // Every block cached: out of our count at once, but in "sent since the
     // report" until the engine's next one. Three make r1 overloaded among four
     // (over 1.25 × 0.75 + 2).
@@ -344,6 +345,7 @@ fn a_ticket_that_cannot_be_tracked_gives_the_count_back_to_the_guard() {
 fn a_request_past_its_prefill_still_loads_its_replica_until_the_next_report() {
     let router = reported_fleet();
     let (_, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
     // Six requests to r1 end their prefills: none is in flight by our count,
     // but each is still decoding there, so "sent since the report" keeps them
     // until the engine's next report: r1 (6) is over 1.25 × mean (1.5) + 2.

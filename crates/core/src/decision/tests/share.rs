@@ -134,3 +134,104 @@ fn a_gateway_query_counts_nothing_and_all_blocks_cleared_starts_the_share_over()
     assert_eq!(recent(&router, "r1"), 0.0);
     assert!((recent(&router, "r2") - 3.0).abs() < 0.01);
 }
+
+#[test]
+fn with_no_other_holder_under_its_share_a_copy_waits_for_the_copy_bound() {
+    let (router, r) = fleet(share(1.2));
+    // r2, the other holder, is over its share too; r3 and r4 hold nothing.
+    // mean (24 + 30 + 10 + 10 + 1) / 4 = 18.75: bound 1.2 × 18.75 + 2 = 24.5,
+    // copy bound 26.5. r1 (24 + 1) is over the bound, short of the copy bound:
+    // a copy would be a full prefill, so the hit stays.
+    routed(&router, "r2", 30, t0());
+    routed(&router, "r3", 10, t0());
+    routed(&router, "r4", 10, t0());
+    routed(&router, "r1", 24, t0());
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+}
+
+#[test]
+fn past_the_copy_bound_the_copy_goes_to_the_replica_with_the_fewest_recent_requests() {
+    let (router, r) = fleet(share(1.2));
+    // The walk's rendezvous order (block 6) puts `first` before `other`; give
+    // `first` more recent requests, so only the fewest-requests rule picks `other`.
+    let first = owner(6, &["r3", "r4"]);
+    let other = if first == "r3" { "r4" } else { "r3" };
+    routed(&router, "r2", 30, t0());
+    routed(&router, &first, 12, t0());
+    routed(&router, other, 4, t0());
+    // mean (30 + 30 + 12 + 4 + 1) / 4 = 19.25: bound 25.1, copy bound 27.1;
+    // r1 (30 + 1) is past it and r2 over its share.
+    routed(&router, "r1", 30, t0());
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some(other));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
+}
+
+/// Six decodes in flight on r1 (16 uncached tokens each, 96 queued): over the
+/// request-count bound (1.25 × 1.75 + 2), with nothing left to prefill there.
+fn decodes_on_r1(router: &Router) -> Vec<crate::load::Inflight> {
+    let probe = req(&[]).candidates(&["r1"]).prefix("decode-probe", 16);
+    (0..6)
+        .map(|_| lookup(router, &probe).admit(16).expect("a pick"))
+        .collect()
+}
+
+#[test]
+fn a_quick_start_stays_on_its_holder_whatever_the_count_while_the_share_bound_is_on() {
+    let (router, r) = fleet(share(1.2));
+    // Below the gate the count is the only balance there is: it moves the hit.
+    let held = decodes_on_r1(&router);
+    let d = lookup(&router, &r);
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+    // Balanced recent shares put the share bound on: the request's 32 uncached
+    // tokens start at once on r1, so the count no longer moves it.
+    for id in FLEET {
+        routed(&router, id, 20, t0());
+    }
+    let d = lookup(&router, &r);
+    assert_prefix(&d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+    // A long prompt (616 uncached tokens) is a full prefill anywhere: moved.
+    let d = lookup(&router, &long(r.clone()));
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+    // So is a short one behind a queued prefill: eight more requests of 64
+    // uncached tokens put 96 + 512 tokens ahead of it.
+    let probe = req(&[]).candidates(&["r1"]).prefix("prefill-probe", 64);
+    let _more: Vec<_> = (0..8)
+        .map(|_| lookup(&router, &probe).admit(64).expect("a pick"))
+        .collect();
+    let d = lookup(&router, &r);
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+    drop(held);
+}
+
+#[test]
+fn an_engine_reporting_requests_waiting_is_no_quick_start() {
+    let (router, r) = fleet(share(1.2));
+    for id in FLEET {
+        routed(&router, id, 20, t0());
+    }
+    let _held = decodes_on_r1(&router);
+    assert_eq!(lookup(&router, &r).spilled_from(), None);
+    // r1's engine says 3 wait in its queue: the hit would wait behind them.
+    let stats = crate::index::ReplicaStats {
+        waiting_requests: 3,
+        running_requests: 6,
+        ..crate::index::ReplicaStats::default()
+    };
+    let report = crate::index::StatsReport {
+        scope: acme(),
+        replica_id: "r1",
+        endpoint: &endpoint_of("r1"),
+        stats,
+    };
+    router.report_stats(&report, t0()).expect("stats");
+    let d = lookup(&router, &r);
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+}
