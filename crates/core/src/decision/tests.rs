@@ -18,7 +18,10 @@ use super::affinity;
 use super::outcome::{Decision, ReasonCode, Strategy};
 use super::request::LookupRequest;
 use crate::Router;
-use crate::index::{IndexConfig, IndexEvent, IngestBatch, replica_id_hash};
+use crate::index::{
+    IndexConfig, IndexEvent, IngestBatch, ReplicaStats, StatsReport, replica_id_hash,
+};
+use crate::load::Inflight;
 use crate::policy::{
     AffinityRouting, EvictionAlgorithm, FloorScore, ResolvedPolicy, StrategyGates,
 };
@@ -253,6 +256,38 @@ fn long(mut r: Req) -> Req {
         *last = 600;
     }
     r
+}
+
+/// Puts `n` requests of `uncached` prompt tokens in flight on `replica`, through
+/// real decisions that picked it (as the ext_proc adapter admits them).
+fn in_flight(router: &Router, replica: &str, n: usize, uncached: u32) -> Vec<Inflight> {
+    let probe = req(&[])
+        .candidates(&[replica])
+        .prefix("in-flight-probe", uncached);
+    (0..n)
+        .map(|_| {
+            let d = lookup(router, &probe);
+            assert_eq!(picked(&d).as_deref(), Some(replica));
+            d.admit(u64::from(uncached)).expect("a pick to admit")
+        })
+        .collect()
+}
+
+/// `replica`'s engine reports `waiting` queued and `running` running requests
+/// (ReportStats, as a metrics scrape would).
+fn report_queue(router: &Router, replica: &str, waiting: u32, running: u32, now: Timestamp) {
+    let stats = ReplicaStats {
+        waiting_requests: waiting,
+        running_requests: running,
+        ..ReplicaStats::default()
+    };
+    let report = StatsReport {
+        scope: acme(),
+        replica_id: replica,
+        endpoint: &endpoint_of(replica),
+        stats,
+    };
+    router.report_stats(&report, now).expect("stats");
 }
 
 /// `replica` sends events without an endpoint: prefix-only.

@@ -90,8 +90,7 @@ impl ReplicaLive {
     /// from reading an engine it just filled as idle until the next scrape.
     pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
         let own = self.inflight.load(Ordering::Relaxed);
-        let at = self.engine_queue_at.load(Ordering::Relaxed);
-        if at == 0 || now.saturating_sub(at) > max_age {
+        if !self.report_is_fresh(now, max_age) {
             return own;
         }
         let since = self.inflight_since_report.load(Ordering::Relaxed);
@@ -115,11 +114,17 @@ impl ReplicaLive {
     /// The engine's reported waiting requests; 0 without a report younger
     /// than `max_age`.
     pub fn engine_waiting(&self, now: u64, max_age: u64) -> u64 {
-        let at = self.engine_queue_at.load(Ordering::Relaxed);
-        if at == 0 || now.saturating_sub(at) > max_age {
+        if !self.report_is_fresh(now, max_age) {
             return 0;
         }
         self.engine_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether the engine's last queue report exists and is at most `max_age` ns
+    /// old: a stale report is ignored, never trusted forever.
+    fn report_is_fresh(&self, now: u64, max_age: u64) -> bool {
+        let at = self.engine_queue_at.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) <= max_age
     }
 
     /// Reported waiting + running requests, for the ORIGINAL_DST fallback.

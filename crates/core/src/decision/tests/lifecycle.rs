@@ -4,22 +4,8 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::index::{IngestError, ReplicaStats, StatsReport};
+use crate::index::IngestError;
 use crate::scope::PROBE_TENANT;
-
-fn report(router: &Router, replica: &str, now: Timestamp) {
-    router
-        .report_stats(
-            &StatsReport {
-                scope: acme(),
-                replica_id: replica,
-                endpoint: &endpoint_of(replica),
-                stats: ReplicaStats::default(),
-            },
-            now,
-        )
-        .expect("well-formed report");
-}
 
 fn serving_ids(router: &Router, now: Timestamp) -> Vec<String> {
     router
@@ -34,7 +20,7 @@ fn serving_ids(router: &Router, now: Timestamp) -> Vec<String> {
 #[test]
 fn registrations_go_stale_after_eviction_ttl() {
     let router = mk_router(ResolvedPolicy::default());
-    report(&router, "r1", t0());
+    report_queue(&router, "r1", 0, 0, t0());
     register(&router, acme(), "r2", at(540));
     let picks = |now| {
         (0..64u64)
@@ -50,7 +36,7 @@ fn registrations_go_stale_after_eviction_ttl() {
         assert_affinity(&lookup_at(&router, &req(&[seed]), at(660)), "r2");
     }
     // A fresh report brings it back.
-    report(&router, "r1", at(660));
+    report_queue(&router, "r1", 0, 0, at(660));
     assert_eq!(serving_ids(&router, at(661)), ["r1", "r2"]);
     assert_eq!(picks(at(661)).len(), 2);
 }
@@ -71,8 +57,8 @@ fn ttl_expired_entries_are_unusable_at_lookup_before_any_sweep() {
         &[row("r1", 2.0, 64, 4)],
     );
     // Keep both replicas serving, but let the entries age past 10m.
-    report(&router, "r1", at(650));
-    report(&router, "r2", at(650));
+    report_queue(&router, "r1", 0, 0, at(650));
+    report_queue(&router, "r2", 0, 0, at(650));
     assert_none(&lookup_at(&router, &chain, at(660)), ReasonCode::NoHint);
     assert_none(
         &lookup_at(&router, &legacy("p-sys", 64), at(660)),
@@ -196,20 +182,7 @@ fn policy_revision_is_echoed_on_every_decision() {
 fn fallback_endpoint_picks_the_least_loaded_serving_replica_then_round_robins() {
     let router = mk_router(ResolvedPolicy::default());
     for (id, waiting) in [("r1", 5), ("r2", 1), ("r3", 0)] {
-        let stats = ReplicaStats {
-            waiting_requests: waiting,
-            running_requests: if id == "r3" { 1 } else { 0 },
-            ..ReplicaStats::default()
-        };
-        let report = StatsReport {
-            scope: acme(),
-            replica_id: id,
-            endpoint: &endpoint_of(id),
-            stats,
-        };
-        router
-            .report_stats(&report, t0())
-            .expect("well-formed report");
+        report_queue(&router, id, waiting, u32::from(id == "r3"), t0());
     }
     store_prefix_only(&router, acme(), "p1", &[1]);
     let pick = |candidates: &[String], now| {

@@ -4,22 +4,7 @@
 //! seed's and the decision names the replica the cache preferred.
 
 use super::*;
-use crate::index::{ReplicaStats, StatsReport};
-use crate::load::Inflight;
 use crate::policy::LoadAwareness;
-
-/// Puts `n` routed requests in flight on `replica` (through real decisions that
-/// picked it, as the ext_proc adapter does).
-fn load(router: &Router, replica: &str, n: usize) -> Vec<Inflight> {
-    let probe = req(&[]).candidates(&[replica]).prefix("load-probe", 16);
-    (0..n)
-        .map(|_| {
-            let d = lookup(router, &probe);
-            assert_eq!(picked(&d).as_deref(), Some(replica));
-            d.admit(16).expect("a pick to admit")
-        })
-        .collect()
-}
 
 fn disabled(p: ResolvedPolicy) -> ResolvedPolicy {
     ResolvedPolicy {
@@ -44,7 +29,10 @@ fn balanced_or_absent_load_gives_the_seeds_answer() {
     assert_prefix(&d, &seed);
     assert_eq!(d.spilled_from(), None);
     // Everyone equally busy: still the seed's answer.
-    let _held: Vec<_> = FLEET.iter().flat_map(|id| load(&router, id, 5)).collect();
+    let _held: Vec<_> = FLEET
+        .iter()
+        .flat_map(|id| in_flight(&router, id, 5, 16))
+        .collect();
     let d = lookup(&router, &r);
     assert_prefix(&d, &seed);
     assert_eq!(d.spilled_from(), None);
@@ -55,7 +43,7 @@ fn an_overloaded_first_choice_spills_to_the_next_survivor() {
     let (router, r) = fleet(ResolvedPolicy::default());
     let r = long(r);
     // mean (6 + 1) / 4 = 1.75, bound 1.25 × 1.75 + 2 = 4.19: r1 at 7 is over.
-    let _held = load(&router, "r1", 6);
+    let _held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &r);
     let seed = expected_seed_rows();
     assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
@@ -64,7 +52,7 @@ fn an_overloaded_first_choice_spills_to_the_next_survivor() {
     // Within the bound: one in flight gives mean (1 + 1) / 4 = 0.5, bound 2.625,
     // and r1 with this request (2) stays under it.
     drop(_held);
-    let _one = load(&router, "r1", 1);
+    let _one = in_flight(&router, "r1", 1, 16);
     let d = lookup(&router, &r);
     assert_prefix(&d, &seed);
     assert_eq!(d.spilled_from(), None);
@@ -76,7 +64,7 @@ fn all_survivors_overloaded_walk_the_rendezvous_order_of_the_deepest_matched_blo
     let r = long(r);
     let _held: Vec<_> = ["r1", "r2"]
         .iter()
-        .flat_map(|id| load(&router, id, 6))
+        .flat_map(|id| in_flight(&router, id, 6, 16))
         .collect();
     let d = lookup(&router, &r);
     // r1 matched six blocks: the spill order is rendezvous on block 6.
@@ -95,37 +83,17 @@ fn disabled_reproduces_the_seed_under_any_load() {
     // Nothing is counted in flight with the rule off; the engine says it is swamped.
     let d = lookup(&router, &r);
     assert!(d.admit(16).is_none());
-    report_queue(&router, "r1", 500, t0());
+    report_queue(&router, "r1", 500, 8, t0());
     let d = lookup(&router, &r);
     assert_prefix(&d, &expected_seed_rows());
     assert_eq!(d.spilled_from(), None);
-}
-
-/// `replica` reports `waiting` queued requests (and 8 running) through ReportStats.
-fn report_queue(router: &Router, replica: &str, waiting: u32, now: Timestamp) {
-    let stats = ReplicaStats {
-        waiting_requests: waiting,
-        running_requests: 8,
-        ..ReplicaStats::default()
-    };
-    router
-        .report_stats(
-            &StatsReport {
-                scope: acme(),
-                replica_id: replica,
-                endpoint: &endpoint_of(replica),
-                stats,
-            },
-            now,
-        )
-        .expect("stats");
 }
 
 #[test]
 fn engine_reported_load_counts_until_it_is_stale() {
     let (router, r) = fleet(ResolvedPolicy::default());
     // A cheap hit, but 30 requests wait at r1's engine: no quick start.
-    report_queue(&router, "r1", 30, t0());
+    report_queue(&router, "r1", 30, 8, t0());
     let d = lookup_at(&router, &r, at(1));
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));
@@ -146,7 +114,7 @@ fn in_flight_counts_are_released_when_the_guard_drops() {
             .find(|v| v.replica_id == id)
             .map(|v| (v.inflight_requests, v.inflight_tokens))
     };
-    let held = load(&router, "r3", 3);
+    let held = in_flight(&router, "r3", 3, 16);
     assert_eq!(inflight("r3"), Some((3, 48)));
     drop(held);
     assert_eq!(inflight("r3"), Some((0, 0)));
@@ -171,7 +139,7 @@ fn an_overloaded_affinity_pick_spills_in_rendezvous_order() {
     let seed = seed_owned_by("r2", &FLEET, &[]);
     let r = long(req(&[seed]));
     assert_affinity(&lookup(&router, &r), "r2");
-    let _held = load(&router, "r2", 6);
+    let _held = in_flight(&router, "r2", 6, 16);
     let d = lookup(&router, &r);
     let rest: Vec<&str> = FLEET.iter().copied().filter(|id| *id != "r2").collect();
     assert_affinity(&d, &owner(seed, &rest));
@@ -187,7 +155,7 @@ fn an_overloaded_tenant_hot_pick_spills() {
     }
     let r = long(req(&[7, 8, 9]));
     assert_tenant_hot(&lookup(&router, &r), "r1");
-    let _held = load(&router, "r1", 6);
+    let _held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &r);
     assert_eq!(d.reason, ReasonCode::TenantHot);
     assert_ne!(picked(&d).as_deref(), Some("r1"));
@@ -199,7 +167,7 @@ fn one_serving_replica_never_spills() {
     let router = mk_router(ResolvedPolicy::default());
     register(&router, acme(), "r1", t0());
     let r = req(&[42]);
-    let _held = load(&router, "r1", 20);
+    let _held = in_flight(&router, "r1", 20, 16);
     let d = lookup(&router, &r);
     assert_affinity(&d, "r1");
     assert_eq!(d.spilled_from(), None);
@@ -211,12 +179,12 @@ fn requests_sent_since_the_engines_report_add_to_it() {
     let r = long(r);
     // Every engine reports 8 running: r1's 8 + 1 is under 1.25 × 8.25 + 2.
     for id in FLEET {
-        report_queue(&router, id, 0, t0());
+        report_queue(&router, id, 0, 8, t0());
     }
     assert_eq!(picked(&lookup(&router, &r)).as_deref(), Some("r1"));
     // Six more sent to r1 since its report: the engine cannot count them yet, so
     // r1 is at 8 + 6 (not max(8, 6)), over 1.25 × 9.75 + 2 with this request.
-    let held = load(&router, "r1", 6);
+    let held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &r);
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));
@@ -227,10 +195,10 @@ fn requests_sent_since_the_engines_report_add_to_it() {
     drop(held);
     // The next report includes whatever is still running; the rest ending after
     // it takes nothing off the new report's share.
-    let held = load(&router, "r1", 3);
-    report_queue(&router, "r1", 0, t0());
+    let held = in_flight(&router, "r1", 3, 16);
+    report_queue(&router, "r1", 0, 8, t0());
     drop(held);
-    let _more = load(&router, "r1", 4);
+    let _more = in_flight(&router, "r1", 4, 16);
     let d = lookup(&router, &r);
     assert_eq!(
         picked(&d).as_deref(),
@@ -262,7 +230,7 @@ fn a_spill_from_a_common_header_skips_its_other_holders() {
     assert_eq!(picked(&d).as_deref(), Some("r1"));
     // r1 overloaded: the overflow goes by the request's own last block over every
     // other replica, here the one that lacks the header, not the next holder.
-    let _held = load(&router, "r1", 6);
+    let _held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &new_chat);
     assert_eq!(d.reason, ReasonCode::PrefixMatch);
     assert_eq!(picked(&d).as_deref(), Some("r4"));
@@ -274,7 +242,7 @@ fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
     let router = header_fleet();
     let chat = long(req(&[1, 2, 3, 4, 5, 6, 7]));
     assert_eq!(picked(&lookup(&router, &chat)).as_deref(), Some("r1"));
-    let _held = load(&router, "r1", 6);
+    let _held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &chat);
     // r2 and r3 hold only the header: no better than r4, so the walk is the
     // rendezvous order of block 6 over all three (not r2, the next survivor).
@@ -289,7 +257,7 @@ fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
 fn uneven_by_one(router: &Router) -> Vec<Inflight> {
     FLEET
         .iter()
-        .flat_map(|id| load(router, id, if *id == "r2" { 3 } else { 2 }))
+        .flat_map(|id| in_flight(router, id, if *id == "r2" { 3 } else { 2 }, 16))
         .collect()
 }
 

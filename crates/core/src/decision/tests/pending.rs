@@ -4,7 +4,6 @@
 
 use super::*;
 use crate::index::PENDING_TTL_NANOS;
-use crate::load::Inflight;
 use crate::policy::LoadAwareness;
 
 const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];

@@ -5,7 +5,6 @@
 //! when the engine stores the request's last block, once.
 
 use super::*;
-use crate::load::Inflight;
 
 /// Routes `chain` (`tokens` a block) to `replica` as ext_proc does (decide,
 /// then admit) and returns its guard: one request in flight there whose
@@ -196,22 +195,11 @@ fn route_until_prefill_end(
         .expect("a pick to admit")
 }
 
-/// `replica`'s engine reports an empty queue (ReportStats, as a scrape does).
-fn report_idle(router: &Router, replica: &str, now: Timestamp) {
-    let report = crate::index::StatsReport {
-        scope: acme(),
-        replica_id: replica,
-        endpoint: &endpoint_of(replica),
-        stats: crate::index::ReplicaStats::default(),
-    };
-    router.report_stats(&report, now).expect("stats");
-}
-
 /// [`fleet`] whose engines all reported an empty queue at t0.
 fn reported_fleet() -> Router {
     let (router, _) = fleet(ResolvedPolicy::default());
     for id in FLEET {
-        report_idle(&router, id, t0());
+        report_queue(&router, id, 0, 0, t0());
     }
     router
 }
@@ -248,7 +236,7 @@ fn without_live_engine_signals_the_guard_keeps_the_count() {
     // r1's last event is older than EVENT_FEED_LIVE: its prefill end may never
     // be seen, so the response (the guard) ends the request.
     let later = t0().plus(crate::load::EVENT_FEED_LIVE + Duration::from_secs(1));
-    report_idle(&router, "r1", later);
+    report_queue(&router, "r1", 0, 0, later);
     let guard = route_until_prefill_end(&router, "r1", &[900], 100, later);
     assert!(!guard.ends_with_prefill());
     assert_eq!(backlog(&router, "r1"), (1, 100));
@@ -259,7 +247,7 @@ fn without_live_engine_signals_the_guard_keeps_the_count() {
     let (unreported, _) = fleet(ResolvedPolicy::default());
     let guard = route_until_prefill_end(&unreported, "r1", &[900], 100, t0());
     assert!(!guard.ends_with_prefill());
-    report_idle(&router, "r1", t0());
+    report_queue(&router, "r1", 0, 0, t0());
     let stale = t0().plus(Duration::from_secs(6));
     store_at(&router, acme(), "r1", &[1], stale);
     let guard = route_until_prefill_end(&router, "r1", &[901], 100, stale);
@@ -287,7 +275,7 @@ fn a_fully_cached_request_has_no_prefill_to_wait_for() {
     }
     assert_eq!(backlog(&router, "r1"), (0, 0));
     assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
-    report_idle(&router, "r1", t0());
+    report_queue(&router, "r1", 0, 0, t0());
     assert_eq!(lookup(&router, &r).spilled_from(), None);
     // Without a fresh report it counts until its guard drops, as before.
     let (unreported, _) = fleet(ResolvedPolicy::default());
@@ -361,7 +349,7 @@ fn a_request_past_its_prefill_still_loads_its_replica_until_the_next_report() {
         "decoding requests still load r1"
     );
     // The engine's report now says what runs there (here: nothing any more).
-    report_idle(&router, "r1", t0());
+    report_queue(&router, "r1", 0, 0, t0());
     let d = lookup(&router, &r);
     assert_eq!(picked(&d).as_deref(), Some("r1"));
     assert_eq!(d.spilled_from(), None);

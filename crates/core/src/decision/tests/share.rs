@@ -170,20 +170,13 @@ fn past_the_copy_bound_the_copy_goes_to_the_replica_with_the_fewest_recent_reque
     assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
 }
 
-/// Six decodes in flight on r1 (16 uncached tokens each, 96 queued): over the
-/// request-count bound (1.25 × 1.75 + 2), with nothing left to prefill there.
-fn decodes_on_r1(router: &Router) -> Vec<crate::load::Inflight> {
-    let probe = req(&[]).candidates(&["r1"]).prefix("decode-probe", 16);
-    (0..6)
-        .map(|_| lookup(router, &probe).admit(16).expect("a pick"))
-        .collect()
-}
-
 #[test]
 fn a_quick_start_stays_on_its_holder_whatever_the_count_while_the_share_bound_is_on() {
     let (router, r) = fleet(share(1.2));
     // Below the gate the count is the only balance there is: it moves the hit.
-    let held = decodes_on_r1(&router);
+    // Six decodes in flight on r1 (16 uncached tokens each, 96 queued): over
+    // the request-count bound (1.25 × 1.75 + 2), nothing left to prefill there.
+    let held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &r);
     assert_eq!(d.spilled_from(), Some("r1"));
     assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
@@ -201,10 +194,7 @@ fn a_quick_start_stays_on_its_holder_whatever_the_count_while_the_share_bound_is
     assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
     // So is a short one behind a queued prefill: eight more requests of 64
     // uncached tokens put 96 + 512 tokens ahead of it.
-    let probe = req(&[]).candidates(&["r1"]).prefix("prefill-probe", 64);
-    let _more: Vec<_> = (0..8)
-        .map(|_| lookup(&router, &probe).admit(64).expect("a pick"))
-        .collect();
+    let _more = in_flight(&router, "r1", 8, 64);
     let d = lookup(&router, &r);
     assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
     drop(held);
@@ -216,21 +206,10 @@ fn an_engine_reporting_requests_waiting_is_no_quick_start() {
     for id in FLEET {
         routed(&router, id, 20, t0());
     }
-    let _held = decodes_on_r1(&router);
+    let _held = in_flight(&router, "r1", 6, 16);
     assert_eq!(lookup(&router, &r).spilled_from(), None);
     // r1's engine says 3 wait in its queue: the hit would wait behind them.
-    let stats = crate::index::ReplicaStats {
-        waiting_requests: 3,
-        running_requests: 6,
-        ..crate::index::ReplicaStats::default()
-    };
-    let report = crate::index::StatsReport {
-        scope: acme(),
-        replica_id: "r1",
-        endpoint: &endpoint_of("r1"),
-        stats,
-    };
-    router.report_stats(&report, t0()).expect("stats");
+    report_queue(&router, "r1", 3, 6, t0());
     let d = lookup(&router, &r);
     assert_eq!(d.spilled_from(), Some("r1"));
     assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
