@@ -29,6 +29,13 @@ fn seed_rows() -> Vec<Row> {
     rows(&lookup(&router, &r))
 }
 
+/// The answer is the seed's ranking, unmoved by the load rule.
+#[track_caller]
+fn assert_seed_answer(d: &Decision) {
+    assert_prefix(d, &seed_rows());
+    assert_eq!(d.spilled_from(), None);
+}
+
 #[test]
 fn a_trickle_is_left_alone() {
     let (router, r) = fleet(share(1.2));
@@ -36,8 +43,7 @@ fn a_trickle_is_left_alone() {
     // SHARE_MIN_MEAN: nothing to balance yet.
     routed(&router, "r1", 60, t0());
     let d = lookup(&router, &r);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
     // Four more and it is traffic: r1 (64 + 1) is far over 1.2 × 16.25 + 2.
     routed(&router, "r1", 4, t0());
     assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
@@ -48,8 +54,7 @@ fn off_a_busy_recent_past_changes_nothing() {
     let (router, r) = fleet(share(0.0));
     routed(&router, "r1", 100, t0());
     let d = lookup(&router, &r);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
 }
 
 #[test]
@@ -60,8 +65,7 @@ fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
         routed(&router, id, 20, t0());
     }
     let d = lookup(&router, &r);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
     // r1 at 20 + 20: mean (40 + 60 + 1) / 4 = 25.25, bound 1.2 × 25.25 + 2 = 32.3.
     routed(&router, "r1", 20, t0());
     let d = lookup(&router, &r);
@@ -84,8 +88,7 @@ fn the_count_halves_every_half_life_and_the_pick_comes_back() {
         register(&router, acme(), id, later);
     }
     let d = lookup_at(&router, &r, later);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
 }
 
 #[test]
@@ -147,8 +150,7 @@ fn with_no_other_holder_under_its_share_a_copy_waits_for_the_copy_bound() {
     routed(&router, "r4", 10, t0());
     routed(&router, "r1", 24, t0());
     let d = lookup(&router, &r);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
 }
 
 #[test]
@@ -186,8 +188,7 @@ fn a_quick_start_stays_on_its_holder_whatever_the_count_while_the_share_bound_is
         routed(&router, id, 20, t0());
     }
     let d = lookup(&router, &r);
-    assert_prefix(&d, &seed_rows());
-    assert_eq!(d.spilled_from(), None);
+    assert_seed_answer(&d);
     // A long prompt (616 uncached tokens) is a full prefill anywhere: moved.
     let d = lookup(&router, &long(r.clone()));
     assert_eq!(picked(&d).as_deref(), Some("r2"));
