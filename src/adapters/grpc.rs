@@ -338,6 +338,7 @@ pub fn replica_stats(stats: Option<&pb::ReplicaStats>) -> Result<ReplicaStats, S
         waiting_requests: s.waiting_requests,
         running_requests: s.running_requests,
         kv_cache_usage: s.kv_cache_usage,
+        first_tokens_total: None,
     })
 }
 

@@ -146,7 +146,7 @@ pub struct MetricsSpec {
     /// HTTP path (default `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// Scrape interval, a Go duration between 100ms and 60s (default `1s`).
+    /// Scrape interval, a Go duration between 100ms and 60s (default `250ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<String>,
 }

@@ -18,6 +18,7 @@
 
 pub mod chain;
 pub mod decision;
+pub mod fleet_routes;
 pub mod index;
 pub mod load;
 pub mod policy;

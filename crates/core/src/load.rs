@@ -130,6 +130,7 @@ impl Inflight {
         live.inflight_since_report.fetch_add(1, Ordering::Relaxed);
         if now.as_nanos() > 0 {
             live.recent.note(now.as_nanos());
+            live.fleet.note_sent();
         }
         let prefill = (uncached_tokens > 0).then(|| {
             Arc::new(Prefill {

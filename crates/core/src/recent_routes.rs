@@ -5,8 +5,11 @@
 //! The in-flight count sees only the requests of the last few milliseconds, so a
 //! hot prefix can keep coming back to its holders in bursts that each fit the
 //! bound, and over a minute one replica serves twice its share. A decayed count
-//! remembers those bursts. Each sidecar counts only what it routed itself, which
-//! is enough: if every sidecar's own share is balanced, so is their sum.
+//! remembers those bursts. Each sidecar counts what it routed itself at once,
+//! and what other sidecars routed there when a scrape of the engine shows it
+//! ([`crate::fleet_routes`]): the bound's gate and slack are absolute numbers, so
+//! two sidecars each balancing their own half let a replica take more than
+//! one sidecar balancing the whole (max/mean 1.43 against 1.30 on eight engines).
 //!
 //! One atomic word per replica, so the decision reads no lock: the time of the
 //! last update (milliseconds, low 32 bits, wrapping) and the count (in 1/1024ths,
@@ -32,13 +35,19 @@ pub struct RecentRoutes(AtomicU64);
 impl RecentRoutes {
     /// Counts one routed request at `now_ns`.
     pub fn note(&self, now_ns: u64) {
+        self.note_many(1, now_ns);
+    }
+
+    /// Counts `n` requests at `now_ns` (other sidecars' requests, seen in a
+    /// scrape of the engine: [`crate::fleet_routes`]).
+    pub fn note_many(&self, n: u64, now_ns: u64) {
         let now = millis(now_ns);
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
                 let (at, _) = unpack(packed);
                 let stamp = if ahead(at, now) { at } else { now };
-                Some(pack(stamp, decayed(packed, now) + 1.0))
+                Some(pack(stamp, decayed(packed, now) + n as f64))
             });
     }
 

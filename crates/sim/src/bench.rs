@@ -73,7 +73,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub sidecars: usize,
     /// The CacheBackend's engine-metrics scrape interval (`spec.metrics.interval`,
-    /// a Go duration); without it the server's default (1s).
+    /// a Go duration); without it the server's default (250ms).
     #[arg(long, value_name = "DURATION")]
     pub scrape_interval: Option<String>,
     /// Clients ask for streamed completions: each response's headers come with

@@ -421,6 +421,19 @@ struct Counters {
     /// Completion requests received since start or the last reset (the load-aware
     /// oracle tells its own requests still on the wire from those queued here).
     received: AtomicU64,
+    /// Requests that reached their first token, and their summed TTFT (µs),
+    /// since start: Prometheus counters, never reset (`vllm:time_to_first_token_seconds`).
+    first_tokens: AtomicU64,
+    ttft_sum_us: AtomicU64,
+}
+
+impl Counters {
+    /// A request's first token is out, `ttft` after it arrived.
+    fn note_first_token(&self, ttft: std::time::Duration) {
+        self.first_tokens.fetch_add(1, Ordering::Relaxed);
+        self.ttft_sum_us
+            .fetch_add(ttft.as_micros() as u64, Ordering::Relaxed);
+    }
 }
 
 fn routes(engine: Arc<Engine>) -> axum::Router {
@@ -636,6 +649,7 @@ impl Engine {
         );
         let decode = cost(self.config.decode_us_per_token, req.max_tokens as usize);
         sleep_until(started, prefill).await;
+        c.note_first_token(Instant::now().saturating_duration_since(arrived));
         ticket.publish(admission_events(admission.removed, admission.stored));
         if let Some(first) = first {
             let _ = first.send(());
@@ -834,6 +848,10 @@ async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
         c.running.load(Ordering::Relaxed),
         c.queued.load(Ordering::Relaxed),
         usage,
+        (
+            c.first_tokens.load(Ordering::Relaxed),
+            c.ttft_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        ),
     );
     (
         [(
@@ -845,8 +863,15 @@ async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
         .into_response()
 }
 
-/// The exposition text of [`metrics`].
-fn vllm_metrics_text(model_name: &str, running: usize, waiting: usize, usage: f64) -> String {
+/// The exposition text of [`metrics`]; `ttft` is the TTFT histogram's (count,
+/// sum in seconds), printed with only its `+Inf` bucket.
+fn vllm_metrics_text(
+    model_name: &str,
+    running: usize,
+    waiting: usize,
+    usage: f64,
+    ttft: (u64, f64),
+) -> String {
     let labels = format!(
         "{{engine=\"0\",model_name=\"{}\"}}",
         model_name.replace('\\', "\\\\").replace('"', "\\\"")
@@ -873,6 +898,17 @@ fn vllm_metrics_text(model_name: &str, running: usize, waiting: usize, usage: f6
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {value:?}\n"
         ));
     }
+    let (count, sum) = ttft;
+    let name = "vllm:time_to_first_token_seconds";
+    let bucket = labels.replace('}', ",le=\"+Inf\"}");
+    out.push_str(&format!(
+        "# HELP {name} Histogram of time to first token in seconds.\n\
+         # TYPE {name} histogram\n\
+         {name}_sum{labels} {sum:?}\n\
+         {name}_bucket{bucket} {:?}\n\
+         {name}_count{labels} {:?}\n",
+        count as f64, count as f64
+    ));
     out
 }
 

@@ -12,7 +12,10 @@
 //! prints one series per rank (`engine="0"`, `engine="1"`). KV usage is the
 //! highest rank's. A missing metric, NaN, infinity or a negative value fails the
 //! whole scrape, which then changes nothing. The prefix-cache hit rate (vLLM:
-//! hits / queries counters; SGLang: `sglang:cache_hit_rate`) is optional.
+//! hits / queries counters; SGLang: `sglang:cache_hit_rate`) is optional, and so
+//! is the count of requests that reached their first token (the TTFT
+//! histogram's `_count`, summed over ranks), which shows the share bound what
+//! other sidecars sent there.
 
 use thiserror::Error;
 
@@ -28,6 +31,9 @@ pub struct EngineSample {
     /// Prefix-cache hit rate, 0..1, when the engine prints it (optional: a bad
     /// or missing value is left out, never fails the scrape).
     pub hit_rate: Option<f64>,
+    /// Requests that reached their first token since the engine started, when
+    /// it prints its TTFT histogram (optional, like `hit_rate`).
+    pub first_tokens: Option<u64>,
 }
 
 /// Why a scrape's text was refused.
@@ -55,6 +61,8 @@ struct Names {
     hit_counters: Option<(&'static str, &'static str)>,
     /// A hit-rate gauge, when there are no counters.
     hit_gauge: &'static str,
+    /// The TTFT histogram's sample count.
+    first_tokens: &'static str,
 }
 
 const VLLM: Names = Names {
@@ -67,6 +75,7 @@ const VLLM: Names = Names {
         "vllm:prefix_cache_queries_total",
     )),
     hit_gauge: "vllm:gpu_prefix_cache_hit_rate",
+    first_tokens: "vllm:time_to_first_token_seconds_count",
 };
 
 const SGLANG: Names = Names {
@@ -75,6 +84,7 @@ const SGLANG: Names = Names {
     usage: &["sglang:token_usage"],
     hit_counters: None,
     hit_gauge: "sglang:cache_hit_rate",
+    first_tokens: "sglang:time_to_first_token_seconds_count",
 };
 
 /// Parses one `/metrics` body for `engine`.
@@ -87,8 +97,7 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
     let mut running: Option<f64> = None;
     // Best usage per spelling, so the current name wins when both are printed.
     let mut usage: [Option<f64>; 2] = [None, None];
-    // Optional: (hits, queries) sums and the gauge's highest rank.
-    let (mut hits, mut queries, mut hit_gauge) = (0.0f64, 0.0f64, None::<f64>);
+    let mut optional = Optional::default();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         let l = raw.trim_matches(|c: char| c == ' ' || c == '\t' || c == '\r');
@@ -108,7 +117,7 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
                 .map(|k| (names.usage[k], &mut usage[k], false))
         };
         let Some((metric, acc, sum)) = slot else {
-            optional(names, name, value, &mut hits, &mut queries, &mut hit_gauge);
+            optional.add(names, name, value);
             continue;
         };
         let value = number(value).ok_or(ParseError::Syntax {
@@ -138,42 +147,52 @@ pub fn parse(text: &str, engine: EngineKind) -> Result<EngineSample, ParseError>
         .next()
         .copied()
         .ok_or(ParseError::Missing(names.usage[0]))?;
-    let hit_rate = if queries > 0.0 {
-        Some((hits / queries).min(1.0))
+    let hit_rate = if optional.queries > 0.0 {
+        Some((optional.hits / optional.queries).min(1.0))
     } else {
-        hit_gauge.map(|g| g.min(1.0))
+        optional.hit_gauge.map(|g| g.min(1.0))
     };
     Ok(EngineSample {
         waiting: count(waiting, names.waiting)?,
         running: count(running, names.running)?,
         kv_usage: kv_usage.min(1.0),
         hit_rate,
+        first_tokens: optional
+            .first_tokens
+            .map(|v| v.round().min(u64::MAX as f64) as u64),
     })
 }
 
-/// Accumulates the optional hit-rate series; bad values are skipped.
-fn optional(
-    names: &Names,
-    name: &str,
-    value: &str,
-    hits: &mut f64,
-    queries: &mut f64,
-    gauge: &mut Option<f64>,
-) {
-    let wanted = name == names.hit_gauge
-        || names
-            .hit_counters
-            .is_some_and(|(h, q)| name == h || name == q);
-    if !wanted {
-        return;
-    }
-    let Some(v) = number(value).filter(|v| v.is_finite() && *v >= 0.0) else {
-        return;
-    };
-    match names.hit_counters {
-        Some((h, _)) if name == h => *hits += v,
-        Some((_, q)) if name == q => *queries += v,
-        _ => *gauge = Some(gauge.map_or(v, |g| g.max(v))),
+/// The optional series: (hits, queries) sums, the hit gauge's highest rank, and
+/// the first-token count's sum.
+#[derive(Default)]
+struct Optional {
+    hits: f64,
+    queries: f64,
+    hit_gauge: Option<f64>,
+    first_tokens: Option<f64>,
+}
+
+impl Optional {
+    /// Accumulates one sample if it is an optional series; bad values are
+    /// skipped.
+    fn add(&mut self, names: &Names, name: &str, value: &str) {
+        let counter = names.hit_counters.filter(|(h, q)| name == *h || name == *q);
+        let wanted = name == names.hit_gauge || name == names.first_tokens || counter.is_some();
+        if !wanted {
+            return;
+        }
+        let Some(v) = number(value).filter(|v| v.is_finite() && *v >= 0.0) else {
+            return;
+        };
+        match counter {
+            Some((h, _)) if name == h => self.hits += v,
+            Some(_) => self.queries += v,
+            None if name == names.first_tokens => {
+                self.first_tokens = Some(self.first_tokens.unwrap_or(0.0) + v);
+            }
+            None => self.hit_gauge = Some(self.hit_gauge.map_or(v, |g| g.max(v))),
+        }
     }
 }
 

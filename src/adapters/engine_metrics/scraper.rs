@@ -198,6 +198,7 @@ pub fn report(
                     running_requests: sample.running,
                     kv_cache_usage: sample.kv_usage,
                     hit_rate: sample.hit_rate.unwrap_or(0.0),
+                    first_tokens_total: sample.first_tokens,
                     ..ReplicaStats::default()
                 },
             },

@@ -26,6 +26,15 @@ fn sample(waiting: u32, running: u32, kv_usage: f64) -> EngineSample {
         running,
         kv_usage,
         hit_rate: None,
+        first_tokens: None,
+    }
+}
+
+/// The fixture's TTFT histogram count.
+fn with_first_tokens(s: EngineSample, n: u64) -> EngineSample {
+    EngineSample {
+        first_tokens: Some(n),
+        ..s
     }
 }
 
@@ -39,14 +48,44 @@ fn with_hit_rate(s: EngineSample, hit_rate: f64) -> EngineSample {
 #[test]
 fn parses_vllm_metrics_as_vllm_prints_them() {
     // Hit rate: prefix_cache_hits_total / prefix_cache_queries_total.
+    // First tokens: vllm:time_to_first_token_seconds_count.
     let want = with_hit_rate(sample(3, 7, 0.4231), 902_144.0 / 1_284_736.0);
-    assert_eq!(parse(VLLM_TXT, EngineKind::Vllm), Ok(want));
+    assert_eq!(
+        parse(VLLM_TXT, EngineKind::Vllm),
+        Ok(with_first_tokens(want, 2_134))
+    );
 }
 
 #[test]
 fn parses_sglang_metrics_as_sglang_prints_them() {
     let want = with_hit_rate(sample(5, 24, 0.61), 0.4127730226517891);
-    assert_eq!(parse(SGLANG_TXT, EngineKind::Sglang), Ok(want));
+    assert_eq!(
+        parse(SGLANG_TXT, EngineKind::Sglang),
+        Ok(with_first_tokens(want, 3_120))
+    );
+}
+
+#[test]
+fn first_tokens_sum_over_ranks_and_a_bad_or_missing_count_is_left_out() {
+    let without: String = VLLM_TXT
+        .lines()
+        .filter(|l| !l.starts_with("vllm:time_to_first_token_seconds_count"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let base = with_hit_rate(sample(3, 7, 0.4231), 902_144.0 / 1_284_736.0);
+    assert_eq!(parse(&without, EngineKind::Vllm), Ok(base));
+    let two_ranks = format!(
+        "{without}vllm:time_to_first_token_seconds_count{{engine=\"0\"}} 10.0\n\
+         vllm:time_to_first_token_seconds_count{{engine=\"1\"}} 32.0\n"
+    );
+    assert_eq!(
+        parse(&two_ranks, EngineKind::Vllm),
+        Ok(with_first_tokens(base, 42))
+    );
+    for bad in ["NaN", "-1", "+Inf"] {
+        let text = format!("{without}vllm:time_to_first_token_seconds_count {bad}\n");
+        assert_eq!(parse(&text, EngineKind::Vllm), Ok(base), "{bad}");
+    }
 }
 
 #[test]
@@ -140,7 +179,10 @@ fn nan_infinite_and_negative_gauges_are_refused() {
         "{VLLM_TXT}vllm:some_other_gauge NaN\nvllm:prefix_cache_hits_total{{engine=\"1\"}} -5\n"
     );
     let want = with_hit_rate(sample(3, 7, 0.4231), 902_144.0 / 1_284_736.0);
-    assert_eq!(parse(&text, EngineKind::Vllm), Ok(want));
+    assert_eq!(
+        parse(&text, EngineKind::Vllm),
+        Ok(with_first_tokens(want, 2_134))
+    );
 }
 
 #[test]
@@ -201,7 +243,7 @@ fn wanted(b: CacheBackend) -> Vec<(String, String, Duration)> {
 
 #[test]
 fn scraping_is_on_by_default_at_each_replicas_serving_port() {
-    let s = Duration::from_secs(1);
+    let s = Duration::from_millis(250);
     assert_eq!(
         wanted(backend(json!({}))),
         vec![
@@ -332,6 +374,7 @@ async fn scrape_loop_feeds_the_router_then_stops_trusting_a_failing_engine() {
     assert_eq!((stats.waiting_requests, stats.running_requests), (3, 7));
     assert!((stats.kv_cache_usage - 0.4231).abs() < 1e-9);
     assert!((stats.hit_rate - 902_144.0 / 1_284_736.0).abs() < 1e-9);
+    assert_eq!(stats.first_tokens_total, Some(2_134));
     wait_for("a newer sample", || {
         replica(&router, "r1")
             .and_then(|v| v.stats)

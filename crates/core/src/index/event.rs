@@ -119,6 +119,10 @@ pub struct ReplicaStats {
     pub running_requests: u32,
     /// 0..1
     pub kv_cache_usage: f64,
+    /// The engine's count of requests that reached their first token since it
+    /// started (a scrape of its TTFT histogram), when known: what other
+    /// sidecars route there shows up in it (`fleet_routes.rs`).
+    pub first_tokens_total: Option<u64>,
 }
 
 /// A ReportStats call.

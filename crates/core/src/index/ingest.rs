@@ -241,6 +241,12 @@ impl Index {
             u64::from(report.stats.running_requests),
             now.as_nanos(),
         );
+        if let Some(total) = report.stats.first_tokens_total {
+            let others = live.fleet.others_in(total);
+            if others > 0 {
+                live.recent.note_many(others, now.as_nanos());
+            }
+        }
         Ok(())
     }
 }

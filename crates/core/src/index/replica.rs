@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::event::ReplicaStats;
+use crate::fleet_routes::FleetRoutes;
 use crate::recent_routes::RecentRoutes;
 use crate::time::Timestamp;
 
@@ -53,8 +54,11 @@ pub(crate) struct ReplicaLive {
     /// Requests this sidecar admitted here since the last report and still in
     /// flight: the engine's count cannot include them yet.
     pub inflight_since_report: AtomicU64,
-    /// Requests this sidecar routed here lately (the share bound).
+    /// Requests routed here lately (the share bound): this sidecar's, and
+    /// other sidecars' as the engine's scrapes show them.
     pub recent: RecentRoutes,
+    /// What this sidecar sent here against what the engine shows started.
+    pub fleet: FleetRoutes,
 }
 
 impl ReplicaLive {

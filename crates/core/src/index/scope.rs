@@ -649,6 +649,7 @@ impl ScopeIndex {
         // The engine starts over (a restart, a cache reset): what was routed
         // there before placed prefixes it no longer holds.
         live.recent.reset();
+        live.fleet.reset();
         removed
     }
 

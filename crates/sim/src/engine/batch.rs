@@ -312,6 +312,7 @@ pub(super) async fn run(engine: Arc<Engine>, batcher: Arc<Batcher>) {
                 if a.prefill_left == 0 {
                     // This step's forward pass sampled the first token.
                     a.first_token = Some(clock);
+                    c.note_first_token(clock.saturating_duration_since(a.job.arrived));
                     if let Some(first) = a.job.first.take() {
                         let _ = first.send(());
                     }

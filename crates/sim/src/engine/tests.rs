@@ -726,6 +726,13 @@ async fn ttft_grows_with_queue_depth_and_the_engine_reports_it() {
         text.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.0\n"),
         "{text}"
     );
+    // Every one of the six reached its first token (what other sidecars read).
+    assert!(
+        text.contains(
+            "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 6.0\n"
+        ),
+        "{text}"
+    );
     engine.shutdown().await;
 }
 
@@ -754,7 +761,7 @@ async fn cached_tokens_skip_the_prefill_cost() {
 
 #[test]
 fn the_metrics_text_is_vllms() {
-    let text = vllm_metrics_text("Qwen/Qwen2.5-7B-Instruct", 3, 0, 0.25);
+    let text = vllm_metrics_text("Qwen/Qwen2.5-7B-Instruct", 3, 0, 0.25, (42, 1.5));
     assert_eq!(
         text,
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
@@ -765,10 +772,15 @@ fn the_metrics_text_is_vllms() {
          vllm:num_requests_waiting{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 0.0\n\
          # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
          # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 0.25\n"
+         vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 0.25\n\
+         # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n\
+         # TYPE vllm:time_to_first_token_seconds histogram\n\
+         vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 1.5\n\
+         vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\",le=\"+Inf\"} 42.0\n\
+         vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"Qwen/Qwen2.5-7B-Instruct\"} 42.0\n"
     );
     // A label value is escaped as the exposition format requires.
-    assert!(vllm_metrics_text("a\"b", 0, 0, 0.0).contains("model_name=\"a\\\"b\"}"));
+    assert!(vllm_metrics_text("a\"b", 0, 0, 0.0, (0, 0.0)).contains("model_name=\"a\\\"b\"}"));
 }
 
 #[tokio::test]

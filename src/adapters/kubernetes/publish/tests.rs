@@ -76,6 +76,7 @@ fn world() -> World {
                     waiting_requests: 0,
                     running_requests: 1,
                     kv_cache_usage: 0.1,
+                    first_tokens_total: None,
                 },
             },
             now,

@@ -42,6 +42,7 @@ fn stats(hit_rate: f64) -> Option<(ReplicaStats, Timestamp)> {
             waiting_requests: 0,
             running_requests: 0,
             kv_cache_usage: 0.5,
+            first_tokens_total: None,
         },
         Timestamp::from_secs(1_799_999_990),
     ))

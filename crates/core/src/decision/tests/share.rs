@@ -75,6 +75,44 @@ fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
     assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
 }
 
+/// `replica`'s engine shows `total` requests that reached their first token
+/// (a metrics scrape of its TTFT histogram).
+fn report_started(router: &Router, replica: &str, total: u64) {
+    let report = StatsReport {
+        scope: acme(),
+        replica_id: replica,
+        endpoint: &endpoint_of(replica),
+        stats: ReplicaStats {
+            first_tokens_total: Some(total),
+            ..ReplicaStats::default()
+        },
+    };
+    router.report_stats(&report, t0()).expect("stats");
+}
+
+#[test]
+fn other_sidecars_requests_count_in_the_share_once_the_engine_shows_them() {
+    let (router, r) = fleet(share(1.2));
+    for id in FLEET {
+        report_started(&router, id, 1_000);
+        routed(&router, id, 20, t0());
+    }
+    // The engines show exactly this sidecar's requests: nothing counted twice.
+    for id in FLEET {
+        report_started(&router, id, 1_020);
+    }
+    assert_eq!(recent(&router, "r1"), 20.0);
+    assert_seed_answer(&lookup(&router, &r));
+    // Another sidecar sent r1 30 more: mean (50 + 60 + 1) / 4 = 27.75, bound
+    // 1.2 × 27.75 + 2 = 35.3, and r1 is at 50.
+    report_started(&router, "r1", 1_050);
+    assert_eq!(recent(&router, "r1"), 50.0);
+    let d = lookup(&router, &r);
+    let seed = seed_rows();
+    assert_prefix(&d, &[seed[1].clone(), seed[0].clone()]);
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
+}
+
 #[test]
 fn the_count_halves_every_half_life_and_the_pick_comes_back() {
     let (router, r) = fleet(share(1.2));
