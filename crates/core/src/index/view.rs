@@ -26,8 +26,9 @@ pub struct ReplicaView {
     /// uncached prompt tokens (the load rule's own signal).
     pub inflight_requests: u64,
     pub inflight_tokens: u64,
-    /// Requests this sidecar routed here lately, a count halving every 10 s
-    /// (the load rule's share bound reads it).
+    /// Requests routed here lately (this sidecar's, and other sidecars' as the
+    /// engine's scrapes show them), a count halving every 10 s (the load rule's
+    /// share bound reads it).
     pub recent_requests: f64,
 }
 
