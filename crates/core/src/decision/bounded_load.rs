@@ -18,6 +18,12 @@
 //! got the header never got anything. So the walk takes only survivors that hold
 //! more than the common prefix, then everyone else in rendezvous order, seeded by
 //! the request's own last block when the pick itself holds only the common part.
+//! Unless the common part is nearly all of the request (a hot document or
+//! prompt of more than [`QUICK_START_TOKENS`], with at most that many tokens of
+//! question beyond it): its
+//! holders are where the request is still a hit, so the walk takes them first,
+//! in the same rendezvous order. Walking everyone there made a full-prefill copy
+//! on each replica still without the hot document, until all of them held it.
 //!
 //! A pick the request would start on within [`QUICK_START_TOKENS`] of prefill (a
 //! hit on its holder with little queued ahead of it, and nothing its engine
@@ -139,20 +145,53 @@ impl Candidates<'_> {
             _ => self.request_seed,
         };
         let first = self.first();
-        let mut rest: SmallVec<[(u64, usize); 32]> = (0..serving.len())
-            .filter(|&m| Some(m) != first && !order.contains(&m))
-            .filter_map(|m| {
-                serving
-                    .replica(m)
-                    .map(|r| (affinity::weight(seed, r.id_hash), m))
-            })
-            .collect();
-        // Highest weight first; members are in replica-id order, so ties (a 64-bit
-        // collision) go to the smaller id.
-        rest.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let by_weight = |members: &mut dyn Iterator<Item = usize>| {
+            let mut weighed: SmallVec<[(u64, usize); 32]> = members
+                .filter_map(|m| {
+                    serving
+                        .replica(m)
+                        .map(|r| (affinity::weight(seed, r.id_hash), m))
+                })
+                .collect();
+            // Highest weight first; members are in replica-id order, so ties (a
+            // 64-bit collision) go to the smaller id.
+            weighed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            weighed
+        };
+        if common > 0 && self.common_is_nearly_all(common) {
+            let at_common = by_weight(
+                &mut self
+                    .rows
+                    .iter()
+                    .skip(1)
+                    .filter(|r| r.matched_blocks == common)
+                    .map(|r| r.member),
+            );
+            order.extend(at_common.into_iter().map(|(_, m)| m));
+        }
+        let rest =
+            by_weight(&mut (0..serving.len()).filter(|&m| Some(m) != first && !order.contains(&m)));
         let holders = order.len();
         order.extend(rest.into_iter().map(|(_, m)| m));
         (order, holders)
+    }
+
+    /// The `common` blocks are more than [`QUICK_START_TOKENS`] and the request
+    /// has at most that many beyond them: the "common prefix" is then a hot
+    /// document or prompt most of the fleet holds, not a header, and its holders
+    /// are where the request is still a hit worth a real prefill. (A 256-token
+    /// system prompt is no such hit: walking its holders first moved new
+    /// conversations off the replicas without it, and eight-engine multi-turn
+    /// lost 7% of its hit rate.)
+    fn common_is_nearly_all(&self, common: u32) -> bool {
+        self.rows
+            .iter()
+            .find(|r| r.matched_blocks == common)
+            .is_some_and(|r| {
+                let held = u64::from(r.matched_tokens);
+                held > QUICK_START_TOKENS
+                    && self.requested.saturating_sub(held) <= QUICK_START_TOKENS
+            })
     }
 
     /// The tokens of the request's match on `m` that a sibling routed there

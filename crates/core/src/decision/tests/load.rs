@@ -252,6 +252,47 @@ fn a_spilled_conversation_walks_everyone_by_its_deepest_block() {
     assert_eq!(d.spilled_from(), Some("r1"));
 }
 
+/// r1, r2 and r3 hold a hot six-block document; r4 holds nothing.
+fn hot_document_fleet() -> Router {
+    let router = mk_router(ResolvedPolicy::default());
+    for id in ["r1", "r2", "r3"] {
+        store(&router, id, &[11, 12, 13, 14, 15, 16]);
+    }
+    register(&router, acme(), "r4", t0());
+    router
+}
+
+#[test]
+fn a_spill_of_a_hot_document_most_replicas_hold_walks_its_other_holders_first() {
+    let router = hot_document_fleet();
+    // The question's block would send a walk over everyone to r4, the replica
+    // without the document (a full prefill there).
+    let doc = [11, 12, 13, 14, 15, 16];
+    let question = seed_owned_by("r4", &["r2", "r3", "r4"], &doc);
+    // A 600-token document and a 16-token question.
+    let r = req(&[11, 12, 13, 14, 15, 16, question]).tokens(&[100, 100, 100, 100, 100, 100, 16]);
+    assert_eq!(picked(&lookup(&router, &r)).as_deref(), Some("r1"));
+    let _held = in_flight(&router, "r1", 6, 16);
+    // Three of four hold the document, so it is "common", but it is all of the
+    // request but 16 tokens: its other holders are where it is still a hit, and
+    // the overflow spreads over them by the question's block.
+    let d = lookup(&router, &r);
+    assert_eq!(d.reason, ReasonCode::PrefixMatch);
+    assert_eq!(picked(&d), Some(owner(question, &["r2", "r3"])));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+    // With a 600-token question it would prefill most of itself anywhere: the
+    // document is a header then, and the walk goes over everyone.
+    let d = lookup(&router, &long(r));
+    assert_eq!(picked(&d).as_deref(), Some("r4"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    // A 96-token "document" (a short system prompt) saves too little to stay
+    // among its holders: the walk goes over everyone too.
+    let d = lookup(&router, &req(&[11, 12, 13, 14, 15, 16, question]));
+    assert_eq!(picked(&d).as_deref(), Some("r4"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}
+
 /// r1, r3 and r4 at 2 requests each, r2 at 3: above the fleet's mean (2.25),
 /// under `factor × mean + slack` (1.25 × 2.5 + 2).
 fn uneven_by_one(router: &Router) -> Vec<Inflight> {

@@ -211,6 +211,29 @@ fn past_the_copy_bound_the_copy_goes_to_the_replica_with_the_fewest_recent_reque
 }
 
 #[test]
+fn a_hot_document_most_replicas_hold_goes_to_another_holder_before_a_copy() {
+    let router = mk_router(share(1.2));
+    for id in ["r1", "r2", "r3"] {
+        store(&router, id, &[11, 12, 13, 14, 15, 16]);
+    }
+    register(&router, acme(), "r4", t0());
+    // A 600-token document and a 16-token question.
+    let r = req(&[11, 12, 13, 14, 15, 16, 17]).tokens(&[100, 100, 100, 100, 100, 100, 16]);
+    assert_eq!(picked(&lookup(&router, &r)).as_deref(), Some("r1"));
+    // mean (31 + 30 + 14 + 4 + 1) / 4 = 20: bound 26, copy bound 28. r1 is past
+    // the copy bound and r2 over its share; r4, without the document, has the
+    // fewest recent requests, but r3 holds it and is under: a hit, not a copy.
+    routed(&router, "r2", 30, t0());
+    routed(&router, "r3", 14, t0());
+    routed(&router, "r4", 4, t0());
+    routed(&router, "r1", 31, t0());
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some("r3"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Share));
+}
+
+#[test]
 fn a_quick_start_stays_on_its_holder_whatever_the_count_while_the_share_bound_is_on() {
     let (router, r) = fleet(share(1.2));
     // Below the gate the count is the only balance there is: it moves the hit.
