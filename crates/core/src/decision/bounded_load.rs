@@ -9,7 +9,11 @@
 //! seed's. Otherwise the request walks down the remaining candidates, then every
 //! serving replica in rendezvous order of a seed: for a prefix match the deepest
 //! matched block, so the overflow of one shared prefix lands on the same next
-//! replica (which then holds the prefix too) instead of scattering.
+//! replica (which then holds the prefix too) instead of scattering. A spill
+//! that finds no other holder within the bounds makes a copy, and a copy goes
+//! to the replica with the fewest recent requests (rendezvous order breaks
+//! ties): it then holds the prefix, so the walk finds it for the prefix's next
+//! overflow anyway, and the emptiest replica has the most room to take it.
 //!
 //! A survivor whose match is only a *common* prefix (blocks held by more than half
 //! of the serving replicas: a shared system prompt or RAG header) is no better a
@@ -326,7 +330,12 @@ impl Loads {
     }
 }
 
-/// The request-count bound.
+/// The request-count bound. Its copies go where the share bound's do: to the
+/// replica with the fewest recent requests, not the next in rendezvous order.
+/// The next in rendezvous order was often a replica already busy with other
+/// documents, so one copy there set off the next spill: on eight-engine
+/// rag-hot, seed 7 copied five documents onto busy engines while two engines
+/// took half the mean.
 fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
     let first = candidates.first()?;
     // The bound is never below `slack`: a pick that fits under it needs no mean
@@ -342,14 +351,20 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
     if loads.fits(first) {
         return None;
     }
-    // Within its share too if any candidate is; the request count comes first.
+    // Another holder first, where the request is still a hit; else a copy,
+    // where the fewest requests went lately (ties in walk order). Within the
+    // share bound too if any candidate is; the request count comes first.
     let shares = signals.shares();
-    let walk = candidates.walk(signals.serving);
-    let member = walk
+    let (walk, holders) = candidates.walk_split(signals.serving);
+    let (held, others) = walk.split_at(holders);
+    let under = |m: usize| loads.fits(m) && shares.under(m);
+    let member = held
         .iter()
         .copied()
-        .find(|&m| loads.fits(m) && shares.under(m))
-        .or_else(|| walk.iter().copied().find(|&m| loads.fits(m)))?;
+        .find(|&m| under(m))
+        .or_else(|| shares.fewest_recent(others, under))
+        .or_else(|| held.iter().copied().find(|&m| loads.fits(m)))
+        .or_else(|| shares.fewest_recent(others, |m| loads.fits(m)))?;
     Some(Spill {
         member,
         from: first,
@@ -385,11 +400,7 @@ fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill>
     let member = match held.iter().copied().find(|&m| fits(m)) {
         Some(m) => m,
         None if !shares.past_copy_bound(first) => return None,
-        None => others
-            .iter()
-            .copied()
-            .filter(|&m| fits(m))
-            .min_by(|&a, &b| shares.recent_of(a).total_cmp(&shares.recent_of(b)))?,
+        None => shares.fewest_recent(others, fits)?,
     };
     Some(Spill {
         member,
@@ -448,6 +459,17 @@ impl Shares {
     /// Placing one more request on `m` keeps it within the bound.
     fn under(&self, m: usize) -> bool {
         self.recent_of(m) + 1.0 <= self.bound
+    }
+
+    /// Of `members` that pass `ok`, the one with the fewest recent requests (the
+    /// first of equals): where a copy of a prefix has the most room to absorb
+    /// that prefix's overflow before it too needs relief.
+    fn fewest_recent(&self, members: &[usize], ok: impl Fn(usize) -> bool) -> Option<usize> {
+        members
+            .iter()
+            .copied()
+            .filter(|&m| ok(m))
+            .min_by(|&a, &b| self.recent_of(a).total_cmp(&self.recent_of(b)))
     }
 
     /// Placing one more request on `m` takes it past the copy bound.

@@ -273,6 +273,17 @@ fn in_flight(router: &Router, replica: &str, n: usize, uncached: u32) -> Vec<Inf
         .collect()
 }
 
+/// Routes `n` requests to `replica` at `now` as ext_proc does (decide, admit),
+/// each ended at once: nothing stays in flight, only the recent count.
+fn routed(router: &Router, replica: &str, n: usize, now: Timestamp) {
+    let probe = req(&[]).candidates(&[replica]).prefix("share-probe", 16);
+    for _ in 0..n {
+        let d = lookup_at(router, &probe, now);
+        assert_eq!(picked(&d).as_deref(), Some(replica));
+        drop(router.admit(&d, &probe.as_lookup(), now).expect("admitted"));
+    }
+}
+
 /// `replica`'s engine reports `waiting` queued and `running` running requests
 /// (ReportStats, as a metrics scrape would).
 fn report_queue(router: &Router, replica: &str, waiting: u32, running: u32, now: Timestamp) {

@@ -327,3 +327,33 @@ fn a_pick_above_the_mean_but_under_the_bound_keeps_the_seeds_answer() {
     assert_tenant_hot(&d, "r2");
     assert_eq!(d.spilled_from(), None);
 }
+
+#[test]
+fn a_copy_by_the_request_count_goes_to_the_replica_with_the_fewest_recent_requests() {
+    let (router, r) = fleet(ResolvedPolicy::default());
+    let r = long(r);
+    // Both holders are over the count bound, so the request makes a copy. The
+    // rendezvous order (block 6) puts `first` before `other`, but `first` took
+    // more requests lately: the copy goes to `other`. (Recent means stay far
+    // below the share bound's gate: only the count bound is at work.)
+    let first = owner(6, &["r3", "r4"]);
+    let other = if first == "r3" { "r4" } else { "r3" };
+    routed(&router, &first, 5, t0());
+    routed(&router, other, 1, t0());
+    let _held: Vec<_> = ["r1", "r2"]
+        .iter()
+        .flat_map(|id| in_flight(&router, id, 6, 16))
+        .collect();
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some(other));
+    assert_eq!(d.spilled_from(), Some("r1"));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+    // Another holder within the bound still comes first, however busy lately:
+    // there the request is a hit, not a copy.
+    routed(&router, "r2", 10, t0());
+    drop(_held);
+    let _held = in_flight(&router, "r1", 6, 16);
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some("r2"));
+    assert_eq!(d.spilled_from(), Some("r1"));
+}

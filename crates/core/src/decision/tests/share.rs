@@ -12,17 +12,6 @@ fn share(factor: f64) -> ResolvedPolicy {
     p
 }
 
-/// Routes `n` requests to `replica` at `now` as ext_proc does (decide, admit),
-/// each ended at once: nothing stays in flight, only the recent count.
-fn routed(router: &Router, replica: &str, n: usize, now: Timestamp) {
-    let probe = req(&[]).candidates(&[replica]).prefix("share-probe", 16);
-    for _ in 0..n {
-        let d = lookup_at(router, &probe, now);
-        assert_eq!(picked(&d).as_deref(), Some(replica));
-        drop(router.admit(&d, &probe.as_lookup(), now).expect("admitted"));
-    }
-}
-
 /// The seed's ranking of [`fleet`]'s request (share bound off).
 fn seed_rows() -> Vec<Row> {
     let (router, r) = fleet(share(0.0));
