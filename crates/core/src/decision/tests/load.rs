@@ -357,3 +357,37 @@ fn a_copy_by_the_request_count_goes_to_the_replica_with_the_fewest_recent_reques
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), Some("r1"));
 }
+
+#[test]
+fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
+    let router = mk_router(ResolvedPolicy::default());
+    // Three of six replicas hold the whole document (not "common": that needs
+    // four), r4 a shorter part of it, r5 and r6 nothing.
+    for id in ["r1", "r2", "r3"] {
+        store(&router, id, &[1, 2, 3, 4, 5, 6]);
+    }
+    store(&router, "r4", &[1, 2, 3, 4, 5]);
+    for id in ["r5", "r6"] {
+        register(&router, acme(), id, t0());
+    }
+    let r = long(req(&[1, 2, 3, 4, 5, 6, 7, 8]));
+    let ranked: Vec<String> = rows(&lookup(&router, &r))
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    let (pick, second, third) = (&ranked[0], &ranked[1], &ranked[2]);
+    assert!(
+        [second, third].iter().all(|id| *id != "r4"),
+        "the deepest holders rank first: {ranked:?}"
+    );
+    // The pick is over the count bound (mean 7 / 6, bound 3.46). The walk's next
+    // holder took more requests lately than the other deep holder, and r4, the
+    // emptiest, matches less: the spill goes to the other deep holder.
+    routed(&router, second, 5, t0());
+    routed(&router, third, 2, t0());
+    let _held = in_flight(&router, pick, 6, 16);
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some(third.as_str()));
+    assert_eq!(d.spilled_from(), Some(pick.as_str()));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+}
