@@ -207,8 +207,8 @@ impl Candidates<'_> {
     /// Taking them in walk order sent all of a hot document's overflow to its
     /// second holder until that one was full too, and only then on: busy
     /// holders slowed hits and set off copies (two sidecars on eight-engine
-    /// rag-hot: p90 within 1.2× of the load-aware oracle in 1 of 12 seed runs,
-    /// 6 of 12 this way).
+    /// rag-hot: p90 within 1.2× of the load-aware oracle in 1 of 18 seed runs,
+    /// 8 of 18 this way).
     fn emptiest_holder(
         &self,
         held: &[usize],
@@ -379,9 +379,9 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
         return None;
     }
     // Another holder first (the emptiest of the deepest matches), where the
-    // request is still a hit; else a copy,
-    // where the fewest requests went lately (ties in walk order). Within the
-    // share bound too if any candidate is; the request count comes first.
+    // request is still a hit; else a copy, where the fewest requests went
+    // lately (ties in walk order). Within the share bound too if any candidate
+    // is; the request count comes first.
     let shares = signals.shares();
     let (walk, holders) = candidates.walk_split(signals.serving);
     let (held, others) = walk.split_at(holders);

@@ -340,7 +340,7 @@ fn a_copy_by_the_request_count_goes_to_the_replica_with_the_fewest_recent_reques
     let other = if first == "r3" { "r4" } else { "r3" };
     routed(&router, &first, 5, t0());
     routed(&router, other, 1, t0());
-    let _held: Vec<_> = ["r1", "r2"]
+    let held: Vec<_> = ["r1", "r2"]
         .iter()
         .flat_map(|id| in_flight(&router, id, 6, 16))
         .collect();
@@ -351,7 +351,7 @@ fn a_copy_by_the_request_count_goes_to_the_replica_with_the_fewest_recent_reques
     // Another holder within the bound still comes first, however busy lately:
     // there the request is a hit, not a copy.
     routed(&router, "r2", 10, t0());
-    drop(_held);
+    drop(held);
     let _held = in_flight(&router, "r1", 6, 16);
     let d = lookup(&router, &r);
     assert_eq!(picked(&d).as_deref(), Some("r2"));
