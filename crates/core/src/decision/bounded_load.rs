@@ -381,7 +381,8 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
     // Another holder first (the emptiest of the deepest matches), where the
     // request is still a hit; else a copy, where the fewest requests went
     // lately (ties in walk order). Within the share bound too if any candidate
-    // is; the request count comes first.
+    // is; the request count comes first, and a holder over its share is still
+    // taken by the same rule: the emptiest of the deepest.
     let shares = signals.shares();
     let (walk, holders) = candidates.walk_split(signals.serving);
     let (held, others) = walk.split_at(holders);
@@ -389,7 +390,7 @@ fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spi
     let member = candidates
         .emptiest_holder(held, shares, under)
         .or_else(|| shares.fewest_recent(others, under))
-        .or_else(|| held.iter().copied().find(|&m| loads.fits(m)))
+        .or_else(|| candidates.emptiest_holder(held, shares, |m| loads.fits(m)))
         .or_else(|| shares.fewest_recent(others, |m| loads.fits(m)))?;
     Some(Spill {
         member,

@@ -391,3 +391,38 @@ fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
     assert_eq!(d.spilled_from(), Some(pick.as_str()));
     assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
 }
+
+#[test]
+fn a_spill_to_holders_all_over_their_share_still_takes_the_emptiest() {
+    let router = mk_router(ResolvedPolicy::default());
+    // Three of six replicas hold the whole document, r4 a shorter part of it
+    // (the common part), r5 and r6 nothing.
+    for id in ["r1", "r2", "r3"] {
+        store(&router, id, &[1, 2, 3, 4, 5, 6]);
+    }
+    store(&router, "r4", &[1, 2, 3, 4, 5]);
+    for id in ["r5", "r6"] {
+        register(&router, acme(), id, t0());
+    }
+    let r = long(req(&[1, 2, 3, 4, 5, 6, 7, 8]));
+    let ranked: Vec<String> = rows(&lookup(&router, &r))
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    let (pick, second, third) = (&ranked[0], &ranked[1], &ranked[2]);
+    // The pick and every replica but the two other holders are over the count
+    // bound (8 in flight each: mean 33 / 6, bound 8.875); both other holders
+    // are over the share bound (recent 61 and 51 against 1.2 × 143 / 6 + 2 =
+    // 30.6), so no candidate passes both. Of the holders under the count bound,
+    // the spill takes the one with fewer recent requests, not the walk's first.
+    routed(&router, second, 60, t0());
+    routed(&router, third, 50, t0());
+    let _held: Vec<_> = [pick.as_str(), "r4", "r5", "r6"]
+        .into_iter()
+        .flat_map(|id| in_flight(&router, id, 8, 16))
+        .collect();
+    let d = lookup(&router, &r);
+    assert_eq!(picked(&d).as_deref(), Some(third.as_str()));
+    assert_eq!(d.spilled_from(), Some(pick.as_str()));
+    assert_eq!(d.spilled_by(), Some(SpillCheck::Requests));
+}
