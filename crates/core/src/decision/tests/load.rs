@@ -358,11 +358,12 @@ fn a_copy_by_the_request_count_goes_to_the_replica_with_the_fewest_recent_reques
     assert_eq!(d.spilled_from(), Some("r1"));
 }
 
-#[test]
-fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
+/// Six replicas: r1, r2 and r3 hold a whole document, r4 a shorter part of it
+/// (with them, more than half the fleet: the common part), r5 and r6 nothing.
+/// Returns the router, a long request for the document, and its three deepest
+/// holders in rank order (the pick first).
+fn deep_holders() -> (Router, Req, [String; 3]) {
     let router = mk_router(ResolvedPolicy::default());
-    // Three of six replicas hold the whole document (not "common": that needs
-    // four), r4 a shorter part of it, r5 and r6 nothing.
     for id in ["r1", "r2", "r3"] {
         store(&router, id, &[1, 2, 3, 4, 5, 6]);
     }
@@ -375,11 +376,18 @@ fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
         .into_iter()
         .map(|r| r.0)
         .collect();
-    let (pick, second, third) = (&ranked[0], &ranked[1], &ranked[2]);
     assert!(
-        [second, third].iter().all(|id| *id != "r4"),
+        ranked[..3].iter().all(|id| id != "r4"),
         "the deepest holders rank first: {ranked:?}"
     );
+    let holders = [ranked[0].clone(), ranked[1].clone(), ranked[2].clone()];
+    (router, r, holders)
+}
+
+#[test]
+fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
+    let (router, r, ranked) = deep_holders();
+    let [pick, second, third] = &ranked;
     // The pick is over the count bound (mean 7 / 6, bound 3.46). The walk's next
     // holder took more requests lately than the other deep holder, and r4, the
     // emptiest, matches less: the spill goes to the other deep holder.
@@ -394,22 +402,8 @@ fn a_spill_to_another_holder_takes_the_emptiest_of_the_deepest_matches() {
 
 #[test]
 fn a_spill_to_holders_all_over_their_share_still_takes_the_emptiest() {
-    let router = mk_router(ResolvedPolicy::default());
-    // Three of six replicas hold the whole document, r4 a shorter part of it
-    // (the common part), r5 and r6 nothing.
-    for id in ["r1", "r2", "r3"] {
-        store(&router, id, &[1, 2, 3, 4, 5, 6]);
-    }
-    store(&router, "r4", &[1, 2, 3, 4, 5]);
-    for id in ["r5", "r6"] {
-        register(&router, acme(), id, t0());
-    }
-    let r = long(req(&[1, 2, 3, 4, 5, 6, 7, 8]));
-    let ranked: Vec<String> = rows(&lookup(&router, &r))
-        .into_iter()
-        .map(|r| r.0)
-        .collect();
-    let (pick, second, third) = (&ranked[0], &ranked[1], &ranked[2]);
+    let (router, r, ranked) = deep_holders();
+    let [pick, second, third] = &ranked;
     // The pick and every replica but the two other holders are over the count
     // bound (8 in flight each: mean 33 / 6, bound 8.875); both other holders
     // are over the share bound (recent 61 and 51 against 1.2 × 143 / 6 + 2 =
