@@ -1,4 +1,4 @@
-//! The serving benchmark of issue 3: what the sidecar costs a request through a real
+//! The serving benchmark: what the sidecar costs a request through a real
 //! Envoy, and how many LookupRoute calls it answers. Run: `cargo bench --bench serving`.
 //!
 //! ```text
@@ -44,6 +44,10 @@
 //! first a distinct prompt per request (cold: nothing cached), then one prompt
 //! repeated (warm: the tokenizer's segment cache hits). IC_BENCH_BODY_REQUESTS
 //! (default 200) per size, setup and phase.
+
+// The counting allocator below wraps the system allocator: the only unsafe code in the
+// repository, confined to this benchmark (the libraries forbid unsafe code).
+#![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
