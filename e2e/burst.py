@@ -1,4 +1,4 @@
-"""Where a decision's time goes under a connection burst (issue 13, point 7).
+"""Where a decision's time goes under a connection burst.
 
 Not a test (not collected by pytest, not in CI): a measurement, reproducible with
 

@@ -1,5 +1,4 @@
-"""The shipped Envoy configs under LLM-shaped load, and the routing header on fail-open
-(issue 13, point 1).
+"""The shipped Envoy configs under LLM-shaped load, and the routing header on fail-open.
 
 2,000 concurrent streams, each held 9 s by the replica as a generation would be, go
 through each shipped config with the sidecar deciding: every one must succeed and

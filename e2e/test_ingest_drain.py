@@ -1,4 +1,4 @@
-"""The ingest listener and the graceful drain, through a real Envoy (issue 13).
+"""The ingest listener and the graceful drain, through a real Envoy.
 
 - IngestEvents without the bearer token, or with a wrong one, is refused
   (UNAUTHENTICATED) and changes nothing: the same prompt still gets AFFINITY_HINT.

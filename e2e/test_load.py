@@ -1,4 +1,4 @@
-"""The load rule through a real Envoy (issue 10): an overloaded holder spills with
+"""The load rule through a real Envoy: an overloaded holder spills with
 x-inferencecache-spilled-from, and in-flight counts are released after responses,
 or at the end of the prefill when the engine's events and queue report are live; a
 holder that took more than its share of the requests routed lately spills though

@@ -1,4 +1,4 @@
-"""Routing through a real Envoy with the sidecar (issue 3 acceptance)."""
+"""Routing through a real Envoy with the sidecar."""
 
 import itertools
 import subprocess

@@ -1,4 +1,4 @@
-//! The generated `inferencecache.v1` gRPC types (contract §2), compiled by `build.rs`.
+//! The generated `inferencecache.v1` gRPC types (docs/reference.md, "gRPC API"), compiled by `build.rs`.
 //!
 //! Only [`crate::adapters::grpc`] converts between these and the core types; clients
 //! (tests, the e2e harness, benchmarks) use the generated client from here.

@@ -57,7 +57,7 @@ pub enum DebugHeaders {
     Disabled,
 }
 
-/// `inferencecache serve` flags (contract §11).
+/// `inferencecache serve` flags (docs/reference.md, "Command line").
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
     /// Policy file or directory of CachePolicy, CacheTenant and CacheBackend YAML
@@ -724,7 +724,7 @@ mod tests {
         let cli = Cli::try_parse_from(["x", "--kubernetes", "--lease-name", "l"]).unwrap();
         assert!(cli.serve.kubernetes && cli.serve.config.is_none());
         assert_eq!(cli.serve.lease_name, "l");
-        // Contract §11: the CRDs "instead of / as well as" a file.
+        // The CRDs "instead of / as well as" a file.
         let both = Cli::try_parse_from(["x", "--kubernetes", "--config", "p.yaml"]).unwrap();
         assert!(both.serve.kubernetes && both.serve.config.is_some());
     }

@@ -1,5 +1,5 @@
 //! CacheService through a real tonic client over loopback, on the two listeners
-//! `serve` runs (contract §12): LookupRoute with health and reflection on the
+//! `serve` runs: LookupRoute with health and reflection on the
 //! lookup (ext_proc) port, IngestEvents and ReportStats on the ingest listener.
 //! Every RPC, good and bad input, and each port refusing the other's RPCs.
 
@@ -419,7 +419,7 @@ async fn a_holder_its_engine_reports_swamped_spills_and_the_answer_says_so() {
     assert_eq!(again.scores[0].replica_id, moved.scores[0].replica_id);
 }
 
-/// Contract §12: `lora_adapter` / `cache_salt` select the blocks stored under the
+/// `lora_adapter` / `cache_salt` select the blocks stored under the
 /// same identity (ic-content-v2; IngestEvents carries the index keys, as
 /// `chain::own_chain` computes them), and an oversized one is refused.
 #[tokio::test]

@@ -11,9 +11,8 @@
 # Deployments, Services, the ValidatingWebhookConfiguration with that CA → the
 # fake engine and the samples in team-a → how to curl.
 #
-# The router container runs `serve --kubernetes`, which needs the CRD watches
-# (issue 5, the watch/status part); until they are merged the router pod does not
-# become ready, but the CRDs, samples and the admission webhook work.
+# The router container runs `serve --kubernetes`, which watches the CRDs and the
+# backends' pods into its policy.
 set -euo pipefail
 
 CLUSTER="${CLUSTER:-inferencecache}"

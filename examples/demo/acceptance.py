@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 10's acceptance over several seeds, from `inferencecache-sim bench-routing` runs.
+"""The routing benchmark's acceptance table over several seeds, from `inferencecache-sim bench-routing` runs.
 
 Lay the runs out as DIR/LABEL-eENGINES-sSEED/results.json: one BASE label whose runs
 have the comparison rows (round-robin, random, least-request, inferencecache-tuned,

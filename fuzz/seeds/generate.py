@@ -3,7 +3,7 @@
 
 The msgpack payloads are encoded by msgspec with the engines' own struct shapes
 (vLLM's and SGLang's `kv_events` classes: array_like structs in the older
-generation, tagged maps in the current one; see shared/design/kv-events.md).
+generation, tagged maps in the current one).
 The policy seeds are the shipped examples. Rerun after changing a shape:
 
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install msgspec
@@ -83,7 +83,7 @@ class MapBatch(msgspec.Struct):
 
 enc = msgspec.msgpack.encode
 TS = 1764581400.25
-# The golden vLLM sha256_cbor event values of shared/design/kv-events.md.
+# Golden vLLM sha256_cbor event values (computed by vLLM's own hashing).
 H0, H1 = 3236607068019569386, 1206300911754328078
 DIGEST0 = bytes.fromhex("202da172482d928bbc42ab25b0151e2b895f13f41002e27b2ceabcfae6d332ea")
 

@@ -1,4 +1,4 @@
-//! The admin HTTP side (contract §8): `/healthz`, `/readyz`, `/metrics`,
+//! The admin HTTP side (docs/reference.md, "Admin HTTP"): `/healthz`, `/readyz`, `/metrics`,
 //! `/snapshot`, `/policy`.
 //!
 //! Handlers only read: the router's snapshot and index view, the metrics registry
@@ -173,7 +173,7 @@ fn rfc3339(ts: Option<Timestamp>) -> Value {
     ts.map_or(Value::Null, |t| Value::String(t.to_rfc3339()))
 }
 
-/// `/snapshot` (contract §8). Every tenant the policy declares is listed (0 when it
+/// `/snapshot` (docs/reference.md, "Admin HTTP"). Every tenant the policy declares is listed (0 when it
 /// holds nothing); the probe tenant never is; `memoryUsed` is always 0; a
 /// `hitRate` is `null` until stats were reported.
 pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) -> Value {

@@ -1,5 +1,5 @@
-//! The validating admission webhook (contract §9): AdmissionReview v1 in, an
-//! allowed/denied AdmissionReview out. The rules are the seed's, each message
+//! The validating admission webhook (docs/reference.md, "Kubernetes"): AdmissionReview v1 in, an
+//! allowed/denied AdmissionReview out. Each rule's message
 //! names the field it is about (`spec.strategy.requireChain: ...`).
 //!
 //! ```text
@@ -8,13 +8,13 @@
 //!                                       1. openAPI schema   (crd::openapi: types, enums,
 //!                                                            patterns, minimums, unknown fields)
 //!                                       2. typed object     (serde, field path on error)
-//!                                       3. the seed's rules  (below, field-named)
+//!                                       3. the policy rules (below, field-named)
 //!                                       4. the CRD's CEL     (validate_cel, a safety net)
 //! ```
 //!
 //! UPDATE: the reserved tenant id `inferencecache.io/probe` is refused only when the
-//! update introduces it, so an unchanged legacy CacheTenant still admits unrelated
-//! edits (the seed's `filterIntroducedErrors`). Every other rule applies to every
+//! update introduces it, so an unchanged older CacheTenant still admits unrelated
+//! edits (`filterIntroducedErrors`). Every other rule applies to every
 //! CREATE and UPDATE. The CEL net follows the apiserver's ratcheting: a CEL error
 //! the old object already had is not the update's doing.
 //!

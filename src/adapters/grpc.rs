@@ -1,6 +1,6 @@
 //! `inferencecache.v1.CacheService` on tonic: LookupRoute, IngestEvents, ReportStats.
 //!
-//! `serve` runs it twice (contract §12): [`CacheApi::lookup_only`] next to ext_proc on
+//! `serve` runs it twice: [`CacheApi::lookup_only`] next to ext_proc on
 //! `--grpc-addr`, where the ingest RPCs answer UNIMPLEMENTED naming `--ingest-addr`;
 //! and [`CacheApi::ingest_only`] on `--ingest-addr`, where every call passes the
 //! [`IngestGuard`] (bearer token, per-caller limits) and LookupRoute answers

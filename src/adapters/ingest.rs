@@ -1,7 +1,7 @@
 //! Who may write the index over gRPC, and how fast: the ingest listener's guard.
 //!
 //! `IngestEvents` and `ReportStats` are served on their own listener
-//! (`serve --ingest-addr`, contract §12). Every call there passes [`IngestGuard::admit`]:
+//! (`serve --ingest-addr`). Every call there passes [`IngestGuard::admit`]:
 //!
 //! ```text
 //!  call ─▶ caller identity ─▶ bearer token check (--ingest-token-file) ─▶ token buckets

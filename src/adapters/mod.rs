@@ -10,7 +10,7 @@
 //!
 //! - [`resolve`]: typed CRD objects → a [`crate::core::snapshot::PolicySnapshot`]
 //!   (pure; shared by file mode and Kubernetes).
-//! - [`policy_file`]: the standalone policy source (contract §10): YAML on disk,
+//! - [`policy_file`]: the standalone policy source (docs/reference.md, "File mode"): YAML on disk,
 //!   polled and reloaded.
 //! - [`kubernetes`]: the cluster policy source (`serve --kubernetes`): watches into
 //!   snapshots, and the Lease holder's status writer.

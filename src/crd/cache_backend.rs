@@ -1,4 +1,4 @@
-//! `CacheBackend` (namespaced, contract §9): one model served by one set of engine
+//! `CacheBackend` (namespaced; docs/reference.md, "Kubernetes"): one model served by one set of engine
 //! pods. Its namespace's tenant, `modelID` and `hashScheme` form the scope its
 //! replicas serve; replicas are discovered pods (`selector`) or static `endpoints`
 //! (file mode, or engines outside the cluster).
@@ -119,7 +119,7 @@ pub struct InferencePoolRef {
     pub name: String,
 }
 
-/// `spec.tokenizer` (body mode, contract §12).
+/// `spec.tokenizer` (body mode).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenizerSpec {

@@ -3,7 +3,7 @@
 //! substrate; it never stores KV tensors or prompt text.
 //!
 //! There is no writable spec. For v1alpha1 compatibility an object may omit `spec`
-//! or carry the legacy `spec: {}`: the schema does not require it (see [`crd`]) and
+//! or carry the older `spec: {}`: the schema does not require it (see [`crd`]) and
 //! the Rust type reads a missing or null spec as empty.
 
 use std::fmt;
@@ -47,7 +47,7 @@ use super::Condition;
 pub struct CacheIndexSpec {}
 
 /// Reads an absent or `null` spec, and `{}`, as the empty spec. Unknown keys of a
-/// legacy spec are ignored, as the apiserver prunes them.
+/// an older spec are ignored, as the apiserver prunes them.
 impl<'de> Deserialize<'de> for CacheIndexSpec {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct EmptySpec;

@@ -1,6 +1,6 @@
 //! `CachePolicy` (namespaced): how lookups and eviction behave for the namespace's
-//! tenant. Field for field the seed's table; every default the seed names is in the
-//! schema and equal to the serde default, and equal to contract §5.
+//! tenant. Every default is in the schema, equal to the serde default and to the
+//! defaults in docs/reference.md.
 
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -88,7 +88,7 @@ pub struct CachePolicySpec {
     pub affinity_routing: AffinityRouting,
 
     /// Whether replica load may move a pick off the cache's first choice (bounded
-    /// load over the same candidates). Disabled gives exactly the seed's decision.
+    /// load over the same candidates). Disabled gives exactly the cache pick.
     #[serde(default)]
     pub load_awareness: LoadAwareness,
 
@@ -357,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn enums_use_the_seed_spelling() {
+    fn enums_use_the_documented_spelling() {
         let p = mk(json!({"eviction": "LFU", "affinityRouting": "Disabled"}));
         assert_eq!(p.spec.eviction, Eviction::Lfu);
         assert_eq!(p.spec.affinity_routing, AffinityRouting::Disabled);

@@ -3,7 +3,7 @@
 //! `spec.tenantID` is the id gateway and engine traffic carry; the reserved probe id
 //! is refused in the schema. Validation ratcheting (GA in Kubernetes 1.33) makes
 //! the rule apply on CREATE and only on an UPDATE that introduces the value, which
-//! is the seed's admission rule; the webhook repeats it for older apiservers.
+//! is the admission rule; the webhook repeats it for older apiservers.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! Golden-ish checks on the generated CRDs: every default, minimum, enum, pattern,
-//! map-list key and CEL rule the seed and contract require is in the schema the
+//! map-list key and CEL rule the policy rules require is in the schema the
 //! apiserver will enforce.
 
 use serde_json::{Value, json};

@@ -1,5 +1,5 @@
-//! The resolved cache policy of one namespace: every CachePolicy field of the seed,
-//! with the defaults of contract §5 applied.
+//! The resolved cache policy of one namespace: every CachePolicy field,
+//! with the defaults (docs/reference.md, "Defaults") applied.
 //!
 //! CRD objects (file mode or Kubernetes) are converted into [`ResolvedPolicy`] by the
 //! adapters; the decision and the index only ever read this type.
@@ -241,8 +241,8 @@ impl Default for StrategyGates {
     }
 }
 
-/// `spec.loadAwareness` (contract §12): whether replica load may move a pick off
-/// the cache's first choice. Disabled reproduces the seed's decision exactly.
+/// `spec.loadAwareness`: whether replica load may move a pick off
+/// the cache's first choice. Disabled reproduces the cache pick exactly.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum LoadAwareness {
     #[default]
@@ -313,7 +313,7 @@ impl LoadBalancing {
     /// queues a whole prefill ahead of a cheap hit.
     pub const DEFAULT_PREFILL_SLACK_TOKENS: u32 = 128;
     /// 1.1 and 1.2 both kept every benchmark cell's max/mean ≤ 1.3; 1.2 costs
-    /// less hit rate and p99 (docs/benchmarks.md, session 14).
+    /// less hit rate and p99 on the routing benchmark.
     pub const DEFAULT_SHARE_FACTOR_STR: &'static str = "1.2";
     pub const DEFAULT_SHARE_FACTOR: f64 = 1.2;
 
@@ -357,7 +357,7 @@ impl Default for LoadBalancing {
     }
 }
 
-/// One namespace's policy with every default applied (contract §5).
+/// One namespace's policy with every default applied (docs/reference.md, "Defaults").
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedPolicy {
     pub eviction: EvictionAlgorithm,
@@ -369,7 +369,7 @@ pub struct ResolvedPolicy {
     pub lookup_timeout: Duration,
     pub strategy: StrategyGates,
     pub affinity_routing: AffinityRouting,
-    /// Contract §12; not a seed field, so the seed's decision is `Disabled`.
+    /// `Disabled` routes by the cache pick alone.
     pub load_awareness: LoadAwareness,
     pub load_balancing: LoadBalancing,
     /// CachePolicy `spec.tierWeights`.

@@ -237,7 +237,7 @@ impl Router {
     /// Moves the cap sweep off the ingest path: `wake` is called (cheaply, from
     /// the ingesting thread) whenever an ingest leaves the index over its cap, and
     /// the embedder runs [`Router::sweep_cap`] on its maintenance worker. Quota
-    /// stays enforced inside ingest, as the seed requires. Set once.
+    /// stays enforced inside ingest. Set once.
     pub fn on_over_cap(&self, wake: Box<dyn Fn() + Send + Sync>) -> bool {
         self.over_cap.set(wake).is_ok()
     }

@@ -1,5 +1,5 @@
 //! The simulated engine's KV events, published exactly as vLLM publishes them
-//! (see `shared/design/kv-events.md`): msgpack batches on a ZMQ PUB socket and a
+//! (docs/operations.md, "Engine KV event streams"): msgpack batches on a ZMQ PUB socket and a
 //! ROUTER socket that replays the last batches.
 //!
 //! ```text

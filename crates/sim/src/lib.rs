@@ -1,4 +1,4 @@
-//! A simulated engine fleet and the routing-quality benchmark (issue 6).
+//! A simulated engine fleet and the routing-quality benchmark.
 //!
 //! Not on the router's serving path: nothing in the core or the product crate
 //! depends on it, and the `inferencecache` binary carries none of it. A simulated engine is an HTTP completions server over token

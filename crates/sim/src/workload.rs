@@ -28,7 +28,7 @@ pub struct Request {
     pub family: u32,
 }
 
-/// The workload shapes of issue 6.
+/// The routing benchmark's workload shapes (docs/benchmarks.md).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     /// G groups × P prompts: a long group system prompt and a short question (the

@@ -176,12 +176,12 @@ fn reserved_id_on_update_only_when_introduced() {
         )
     };
     let probe = "inferencecache.io/probe";
-    // Unchanged legacy object, unrelated edit: admitted.
+    // Unchanged older object, unrelated edit: admitted.
     assert!(problems("CacheTenant", &tenant(probe, 2), Some(&tenant(probe, 1))).is_empty());
     // Introduced by the update: denied.
     let p = problems("CacheTenant", &tenant(probe, 1), Some(&tenant("acme", 1)));
     assert!(p.iter().any(|m| m.contains("reserved")), "{p:?}");
-    // A legacy object does not excuse other new problems.
+    // An older object does not excuse other new problems.
     let p = problems("CacheTenant", &tenant(probe, -1), Some(&tenant(probe, 1)));
     assert!(p.iter().any(|m| m.contains("maxIndexEntries")), "{p:?}");
     // Other rules are not ratcheted: a bad strategy is refused on UPDATE too.

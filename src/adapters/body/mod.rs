@@ -1,5 +1,5 @@
 //! Body mode: an OpenAI request body → the routing fields of its prompt, for a
-//! request that carries no chain header (contract §12).
+//! request that carries no chain header.
 //!
 //! ```text
 //!  body ─request::parse─▶ model, Prompt ─backend of (tenant, model)─▶ ModelTokenizer

@@ -55,7 +55,7 @@ fn weight(segment: &str, ids: &[u32]) -> usize {
 
 impl SegmentCache {
     /// A cache holding at most `capacity` bytes. A segment weighing more than a
-    /// quarter of it is not kept (it would evict everything for one request).
+    /// quarter of it is not cached (it would evict everything for one request).
     pub fn new(capacity: usize) -> Self {
         Self {
             entries: Mutex::new(Entries {

@@ -36,7 +36,7 @@ pub const DEFAULT_PATH: &str = "/metrics";
 /// requests only through the engines' counts, so the shorter the interval the
 /// less they herd between two scrapes: at 1 s, two sidecars on eight engines
 /// moved conversations back and forth (hit rate 0.92 of the tuned row's); at
-/// 250 ms, 0.97–1.02 (docs/benchmarks.md, "Session 18"). GIE's endpoint
+/// 250 ms, 0.97–1.02. GIE's endpoint
 /// picker refreshes every 50 ms.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
 /// The shortest and longest intervals accepted.

@@ -1,4 +1,4 @@
-//! Reading the routing headers of contract §7, and the names of the headers the
+//! Reading the routing headers (docs/reference.md, "Envoy ext_proc"), and the names of the headers the
 //! sidecar writes.
 //!
 //! Pure parsing, no Envoy types: [`RoutingHeaders::parse`] takes `(name, value)`
@@ -19,7 +19,7 @@ pub const BLOCK_TOKEN_COUNTS: &str = "x-inferencecache-block-token-counts";
 pub const PREFIX_HASH: &str = "x-inferencecache-prefix-hash";
 pub const PREFIX_TOKENS: &str = "x-inferencecache-prefix-tokens";
 pub const DEBUG: &str = "x-inferencecache-debug";
-/// The request's LoRA adapter and cache salt (contract §12): under `ic-content-v2`
+/// The request's LoRA adapter and cache salt: under `ic-content-v2`
 /// they key the chain, so the request matches only blocks stored under the same.
 pub const LORA_ADAPTER: &str = "x-inferencecache-lora-adapter";
 pub const CACHE_SALT: &str = "x-inferencecache-cache-salt";
@@ -196,7 +196,7 @@ impl RoutingHeaders {
 }
 
 impl RoutingFields {
-    /// The chain, its token counts and the legacy prefix token count.
+    /// The chain, its token counts and the exact prefix token count.
     fn parse_numbers(
         hashes: Option<&str>,
         counts: Option<&str>,

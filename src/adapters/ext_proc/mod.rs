@@ -1,4 +1,4 @@
-//! The Envoy ext_proc v3 server (contract §7): headers-only, and body mode as the
+//! The Envoy ext_proc v3 server (docs/reference.md, "Envoy ext_proc"): headers-only, and body mode as the
 //! Gateway API Inference Extension's endpoint-picker protocol uses it.
 //!
 //! ```text
@@ -72,7 +72,7 @@ use held::{Collect, HeldRequest};
 pub use verdict::{DestinationMode, ExtProcConfig, InflightRelease, Verdict};
 
 /// The dynamic metadata namespace and key Envoy's load balancers read the
-/// destination from (contract §7; fixed whatever the header is named).
+/// destination from (docs/reference.md, "Envoy ext_proc"; fixed whatever the header is named).
 pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
 pub const LB_METADATA_KEY: &str = "x-gateway-destination-endpoint";
 

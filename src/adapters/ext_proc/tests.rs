@@ -42,8 +42,8 @@ fn mk_service(config: ExtProcConfig) -> ExtProc {
     mk_service_with(config, ResolvedPolicy::default())
 }
 
-/// The seed's decision: the load rule off (no in-flight counting either).
-fn seed_policy() -> ResolvedPolicy {
+/// The cache pick alone: the load rule off (no in-flight counting either).
+fn cache_pick_policy() -> ResolvedPolicy {
     ResolvedPolicy {
         load_awareness: crate::core::policy::LoadAwareness::Disabled,
         ..ResolvedPolicy::default()
@@ -193,7 +193,7 @@ fn a_held_chain_routes_to_its_holder_with_every_write() {
 
 #[test]
 fn with_the_load_rule_off_envoy_skips_the_response_headers() {
-    let svc = mk_service_with(ExtProcConfig::default(), seed_policy());
+    let svc = mk_service_with(ExtProcConfig::default(), cache_pick_policy());
     let (reply, echo) = ask(&svc, &chain_headers(&[]));
     assert_eq!(set_value(common(&reply), REPLICA).as_deref(), Some("r1"));
     assert!(echo.is_empty());
@@ -495,7 +495,7 @@ fn debug_echo_can_be_disabled_by_the_operator() {
             debug_headers_allowed: false,
             ..ExtProcConfig::default()
         },
-        seed_policy(),
+        cache_pick_policy(),
     );
     let (reply, echo) = ask(&svc, &chain_headers(&[(DEBUG, "1")]));
     assert!(echo.is_empty());
@@ -618,13 +618,13 @@ fn unequal_chain_headers_follow_the_tenant_policy() {
     );
 }
 
-/// Contract §12 through the ext_proc path: under ic-content-v2, r2 holds the
+/// Block identity through the ext_proc path: under ic-content-v2, r2 holds the
 /// prompt under adapter "sql", r3 without an adapter; the request's adapter header
 /// picks which blocks it matches.
 #[test]
 fn the_lora_adapter_header_selects_the_blocks_of_that_adapter() {
     use crate::core::chain::{self, BlockIdentity, IC_CONTENT_V2, Scheme};
-    let svc = mk_service_with(ExtProcConfig::default(), seed_policy());
+    let svc = mk_service_with(ExtProcConfig::default(), cache_pick_policy());
     let tokens: Vec<u32> = (0..96).collect();
     let now = Timestamp::now();
     for (replica, endpoint, lora) in [

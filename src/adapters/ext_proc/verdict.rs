@@ -22,7 +22,7 @@ use crate::core::load::Inflight;
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
 
-/// What Envoy does with a request that gets no hint (contract §7).
+/// What Envoy does with a request that gets no hint (docs/reference.md, "Envoy ext_proc").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DestinationMode {
     /// No hint → no destination header → the override_host cluster round-robins.

@@ -8,7 +8,7 @@
 //!      CacheBackend + IndexView.replicas  ─▶ indexParticipation (declared replicas)
 //!  PromptTemplate ─▶ templateRevision (hash of the spec), PrefixStable
 //!  PDTopology     ─▶ Ready (pools name declared accelerator types)
-//!  IndexView + snapshot ─▶ CacheIndex status (the seed's bullets)
+//!  IndexView + snapshot ─▶ CacheIndex status (docs/kubernetes.md)
 //! ```
 //!
 //! Conditions keep their `lastTransitionTime` while their status does not change,
@@ -297,7 +297,7 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The CacheIndex singleton's status, per the seed:
+/// The CacheIndex singleton's status:
 /// - `replicas[]`: only replicas that reported stats; keyed on id, and when two
 ///   rows share an id the lexicographically-later tenant wins (the row names it);
 /// - `tenants[]`: every tenant of the snapshot and the index, `indexEntries`

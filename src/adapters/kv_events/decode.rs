@@ -1,7 +1,7 @@
 //! Engine KV event payloads (msgpack, as vLLM and SGLang publish them) → typed
 //! [`EngineBatch`]es. Pure: no sockets, no index.
 //!
-//! Both generations are accepted (see `shared/design/kv-events.md`): a batch is an
+//! Both generations are accepted (docs/operations.md, "Engine KV event streams"): a batch is an
 //! array `[ts, events, dp_rank]` or a map with those keys; an event is an array
 //! with its tag first (missing trailing slots are defaults, extra slots ignored) or
 //! a map with a `type` key (unknown keys ignored). A hash is a u64, an i64 (old

@@ -1,4 +1,4 @@
-//! The ZMQ framing of engine KV events (see `shared/design/kv-events.md`), pure:
+//! The ZMQ framing of engine KV events (docs/operations.md, "Engine KV event streams"), pure:
 //! which multipart messages the subscriber accepts, split into `(seq, payload)`.
 //! No sockets; the fuzz targets call these directly.
 

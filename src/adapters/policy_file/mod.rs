@@ -1,4 +1,4 @@
-//! The standalone policy source (contract §10): CachePolicy, CacheTenant and
+//! The standalone policy source (docs/reference.md, "File mode"): CachePolicy, CacheTenant and
 //! CacheBackend objects in a YAML file or a directory of `*.yaml`/`*.yml` files are
 //! a complete configuration, reloaded when they change.
 //!

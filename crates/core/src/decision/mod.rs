@@ -1,4 +1,4 @@
-//! The LookupRoute decision, contract §4 steps 1–10, in that order.
+//! The LookupRoute decision, the steps of docs/decision.md, in that order.
 //!
 //! ```text
 //! request ─▶ 1 drop chain if matching is off ─▶ 2 requireChain ─▶ 3 malformed?
@@ -46,7 +46,7 @@ pub fn decide(
     let revision = snapshot.revision();
     let none = |reason| Decision::none(reason, revision);
 
-    // 1. Chain matching off: the legacy prefix path only.
+    // 1. Chain matching off: the exact-prefix path only.
     let chain = Chain::from_request(req, policy.strategy.enable_chain_matching);
     // 2. requireChain: no valid chain, no index.
     if policy.strategy.require_chain && !chain.is_valid() {
@@ -163,14 +163,14 @@ pub fn decide(
         hint = None;
     }
 
-    // The affinity seed: the chain's last block, else the legacy prefix.
+    // The affinity seed: the chain's last block, else the exact prefix.
     let affinity_seed = || match chain.hashes.last() {
         Some(&h) => h,
         None => prefix_seed(req.prefix_hash),
     };
     match hint {
         Some((strategy, reason, mut rows)) => {
-            // The load rule: may move the pick among the seed's candidates. A prefix
+            // The load rule: may move the pick among the cache pick's candidates. A prefix
             // match spills in rendezvous order of its deepest matched block, so one
             // prefix's overflow stays together.
             let mut spilled = None;

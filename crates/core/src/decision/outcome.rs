@@ -1,5 +1,5 @@
 //! What a decision returns: the strategy, the reason code and the ranked replicas.
-//! Names and numbers mirror `inferencecache.v1` (contract §2).
+//! Names and numbers mirror `inferencecache.v1` (docs/reference.md, "gRPC API").
 
 use std::sync::Arc;
 

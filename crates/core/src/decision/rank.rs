@@ -1,4 +1,4 @@
-//! The distinguishing-power ranker (contract §4 step 7).
+//! The distinguishing-power ranker (docs/decision.md, step 7).
 //!
 //! For block i of the request chain, h_i is how many serving replicas hold the
 //! leading run through block i, and d_i = 1 − h_i / N its distinguishing power.
@@ -410,7 +410,7 @@ fn sort_rows(
     finish(&mut rows, floors)
 }
 
-/// Ranks the legacy exact-prefix path: every holder matched one block of
+/// Ranks the exact-prefix path: every holder matched one block of
 /// `tokens` tokens.
 pub(crate) fn rank_prefix(holders: &[u16], serving: usize, tokens: u32, floors: Floors) -> Ranking {
     if holders.is_empty() || serving == 0 {
@@ -542,7 +542,7 @@ mod tests {
         assert!((r[0].score - 2.0 * 0.75).abs() < 1e-12);
     }
 
-    /// Contract §4 step 7 written out per replica and per block, in the order
+    /// Step 7 of the decision (docs/decision.md) written out per replica and per block, in the order
     /// the ranker sums: h_i counted, d_i = 1 − h_i × (1/N), score Σ (t_i/16)·d_i.
     fn reference(runs: &[u32], counts: &[u32]) -> Vec<Row> {
         let n = runs.len();

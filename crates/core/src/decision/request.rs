@@ -1,12 +1,12 @@
 //! A LookupRoute request as the core sees it, borrowed from the adapter's buffers.
 
-/// The request fields of contract §2, borrowed so the hot path copies nothing.
+/// The request fields of LookupRoute (docs/reference.md, "gRPC API"), borrowed so the hot path copies nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LookupRequest<'a> {
     pub tenant_id: &'a str,
     pub model_id: &'a str,
     pub hash_scheme: &'a str,
-    /// Legacy exact-prefix key; empty means absent.
+    /// Exact-prefix key; empty means absent.
     pub prefix_hash: &'a str,
     pub prefix_token_count: u32,
     /// The chain, block 0 first.

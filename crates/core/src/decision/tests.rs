@@ -1,5 +1,5 @@
-//! Acceptance tests of the LookupRoute decision: one test per rule of the seed
-//! (`policy-crds.md`) and of contract §4, named after the rule.
+//! Acceptance tests of the LookupRoute decision: one test per rule of
+//! docs/decision.md, named after the rule.
 //!
 //! Every test goes through [`Router`] as an adapter would. The fixtures below build a
 //! router whose snapshot maps tenant `acme` (namespace `team-a`) to the policy the test
@@ -306,7 +306,7 @@ fn store_prefix_only(router: &Router, scope: ScopeRef<'_>, replica: &str, chain:
     ingest(router, scope, replica, "", &[stored(chain)], t0());
 }
 
-/// `replica` stores a legacy prefix key in acme/llama/vLLM.
+/// `replica` stores a exact-prefix key in acme/llama/vLLM.
 fn store_legacy(router: &Router, replica: &str, prefix: &str, token_count: u32) {
     let event = IndexEvent::PrefixStored {
         prefix_hash: prefix.into(),
@@ -353,8 +353,8 @@ fn req(chain: &[u64]) -> Req {
     }
 }
 
-/// A legacy exact-prefix request in acme/llama/vLLM.
-fn legacy(prefix: &str, tokens: u32) -> Req {
+/// A exact-prefix request in acme/llama/vLLM.
+fn exact_prefix(prefix: &str, tokens: u32) -> Req {
     req(&[]).prefix(prefix, tokens)
 }
 

@@ -104,7 +104,7 @@ fn rejects_bad_counts() {
     ));
     assert_eq!(
         got.fields.prefix_hash, "",
-        "legacy key dropped with its count"
+        "exact-prefix key dropped with its count"
     );
 }
 

@@ -595,7 +595,7 @@ fn original_dst_fleet_fallback_obeys_the_subset() {
 
 #[test]
 fn original_dst_still_refuses_a_named_scope_without_replicas() {
-    // Headers that name a scope nobody serves stay a 503 (contract §7): the
+    // Headers that name a scope nobody serves stay a 503 (docs/reference.md, "Envoy ext_proc"): the
     // fleet is only for requests whose scope is unknown because the body gave none.
     let svc = original_dst_body_service();
     let mut st = StreamState::default();

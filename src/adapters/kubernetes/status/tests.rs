@@ -239,7 +239,7 @@ fn backend_without_tenant_is_not_ready_and_has_no_participation() {
 }
 
 #[test]
-fn cache_index_follows_the_seed() {
+fn cache_index_status_follows_its_rules() {
     let t1: CacheTenant = mk("CacheTenant", "team-a", "t", 0, json!({"tenantID": "acme"}));
     let t2: CacheTenant = mk("CacheTenant", "team-b", "t", 0, json!({"tenantID": "beta"}));
     let t3: CacheTenant = mk("CacheTenant", "team-c", "t", 0, json!({"tenantID": "idle"}));

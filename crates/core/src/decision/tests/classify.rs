@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::*;
 
-/// r1 holds [1, 2, 3, 4] and the legacy prefix `p-sys`; r2 serves with nothing.
+/// r1 holds [1, 2, 3, 4] and the exact prefix `p-sys`; r2 serves with nothing.
 fn two_replicas(policy: ResolvedPolicy) -> Router {
     let router = mk_router(policy);
     store(&router, "r1", &[1, 2, 3, 4]);
@@ -25,13 +25,13 @@ fn step5_lookup_over_budget_is_timeout_with_empty_scores() {
     );
     assert!(started.elapsed() >= Duration::from_millis(20));
     assert_none(
-        &lookup_while_held(&router, acme(), &legacy("p-sys", 64)),
+        &lookup_while_held(&router, acme(), &exact_prefix("p-sys", 64)),
         ReasonCode::Timeout,
     );
     // Once the writer lets go, the same lookups are answered.
     assert_prefix(&lookup(&router, &chain), &[row("r1", 2.0, 64, 4)]);
     assert_prefix(
-        &lookup(&router, &legacy("p-sys", 64)),
+        &lookup(&router, &exact_prefix("p-sys", 64)),
         &[row("r1", 2.0, 64, 1)],
     );
 }

@@ -41,7 +41,7 @@ fn step9_affinity_seed_is_the_prefix_hash_without_a_chain() {
     let router = serving(ResolvedPolicy::default(), &ids);
     for i in 0..32 {
         let prefix = format!("p-{i}");
-        let d = lookup(&router, &legacy(&prefix, 64));
+        let d = lookup(&router, &exact_prefix(&prefix, 64));
         let seed = crate::index::prefix_seed(&prefix);
         assert_affinity(&d, &owner(seed, &ids));
     }
@@ -76,7 +76,7 @@ fn step9_no_serving_replica_is_no_hint_even_with_affinity() {
 fn step9_affinity_disabled_is_no_hint() {
     let router = serving(no_affinity(ResolvedPolicy::default()), &["r1", "r2"]);
     assert_none(&lookup(&router, &req(&[50])), ReasonCode::NoHint);
-    assert_none(&lookup(&router, &legacy("p-x", 64)), ReasonCode::NoHint);
+    assert_none(&lookup(&router, &exact_prefix("p-x", 64)), ReasonCode::NoHint);
 }
 
 #[test]

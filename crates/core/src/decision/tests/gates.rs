@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// r1 holds the legacy prefix `p-sys` (128 tokens), r2 the chain [1, 2, 3, 4].
+/// r1 holds the exact prefix `p-sys` (128 tokens), r2 the chain [1, 2, 3, 4].
 fn legacy_and_chain(policy: ResolvedPolicy) -> Router {
     let router = mk_router(policy);
     store_legacy(&router, "r1", "p-sys", 128);
@@ -49,16 +49,16 @@ fn step1_chain_matching_off_drops_an_unequal_chain_instead_of_calling_it_malform
 #[test]
 fn step2_require_chain_without_chain_is_policy_requires_chain() {
     let router = legacy_and_chain(require_chain());
-    // A legacy-only request that would otherwise be a PREFIX_MATCH on r1.
+    // A exact-prefix-only request that would otherwise be a PREFIX_MATCH on r1.
     assert_none(
-        &lookup(&router, &legacy("p-sys", 128)),
+        &lookup(&router, &exact_prefix("p-sys", 128)),
         ReasonCode::PolicyRequiresChain,
     );
     // Nothing at all.
     assert_none(&lookup(&router, &req(&[])), ReasonCode::PolicyRequiresChain);
     // A scope the index does not know: the index is not consulted, so no UNKNOWN_*.
     assert_none(
-        &lookup(&router, &legacy("p-sys", 128).model("mistral")),
+        &lookup(&router, &exact_prefix("p-sys", 128).model("mistral")),
         ReasonCode::PolicyRequiresChain,
     );
 }
@@ -67,7 +67,7 @@ fn step2_require_chain_without_chain_is_policy_requires_chain() {
 fn step2_require_chain_rejects_before_the_index_is_touched() {
     let router = legacy_and_chain(budget(require_chain()));
     // The index is held by a writer: touching it would time out.
-    let d = lookup_while_held(&router, acme(), &legacy("p-sys", 128));
+    let d = lookup_while_held(&router, acme(), &exact_prefix("p-sys", 128));
     assert_none(&d, ReasonCode::PolicyRequiresChain);
     let d = lookup_while_held(&router, acme(), &req(&[1, 2, 3, 4]));
     assert_none(&d, ReasonCode::Timeout);
@@ -108,7 +108,7 @@ fn step3_empty_contract_keys_are_no_hint_even_with_affinity() {
         req(&[1, 2]).tenant(""),
         req(&[1, 2]).model(""),
         req(&[1, 2]).scheme(""),
-        legacy("p-sys", 64).scheme(""),
+        exact_prefix("p-sys", 64).scheme(""),
     ] {
         assert_none(&lookup(&router, &r), ReasonCode::NoHint);
     }
@@ -213,12 +213,12 @@ fn step4_gate_counts_requested_tokens_and_admits_the_gate_value() {
         &lookup(&router, &req(&[1, 2, 3, 4]).tokens(&[16, 16, 16, 15])),
         ReasonCode::NoHint,
     );
-    // Legacy: prefix_token_count.
+    // Exact prefix: prefix_token_count.
     assert_prefix(
-        &lookup(&router, &legacy("p-sys", 64)),
+        &lookup(&router, &exact_prefix("p-sys", 64)),
         &[row("r1", 2.0, 64, 1)],
     );
-    assert_none(&lookup(&router, &legacy("p-sys", 63)), ReasonCode::NoHint);
+    assert_none(&lookup(&router, &exact_prefix("p-sys", 63)), ReasonCode::NoHint);
 }
 
 #[test]

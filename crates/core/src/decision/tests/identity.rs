@@ -1,4 +1,4 @@
-//! Contract §12, block identity: under `ic-content-v2` a request without a LoRA
+//! Block identity: under `ic-content-v2` a request without a LoRA
 //! adapter or cache salt never matches blocks stored with them, and the other way
 //! round; the router keys the client's chain with the request's identity.
 

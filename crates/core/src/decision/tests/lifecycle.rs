@@ -61,7 +61,7 @@ fn ttl_expired_entries_are_unusable_at_lookup_before_any_sweep() {
     report_queue(&router, "r2", 0, 0, at(650));
     assert_none(&lookup_at(&router, &chain, at(660)), ReasonCode::NoHint);
     assert_none(
-        &lookup_at(&router, &legacy("p-sys", 64), at(660)),
+        &lookup_at(&router, &exact_prefix("p-sys", 64), at(660)),
         ReasonCode::NoHint,
     );
     // They are still in the index until the sweep runs.

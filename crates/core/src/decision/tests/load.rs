@@ -1,7 +1,7 @@
-//! The load rule (contract §12 `loadAwareness`, `decision/bounded_load.rs`): with
-//! balanced or absent load every answer is the seed's; an overloaded first choice
-//! spills to the next candidate the seed would consider, the reason stays the
-//! seed's and the decision names the replica the cache preferred.
+//! The load rule (`spec.loadAwareness`, `decision/bounded_load.rs`): with
+//! balanced or absent load every answer is the cache pick; an overloaded first choice
+//! spills to the next candidate the cache pick would consider, the reason stays the
+//! cache pick's and the decision names the replica the cache preferred.
 
 use super::*;
 use crate::policy::LoadAwareness;
@@ -13,7 +13,7 @@ fn disabled(p: ResolvedPolicy) -> ResolvedPolicy {
     }
 }
 
-/// The seed's ranking of [`fleet`]'s request, from a router with the rule off
+/// The cache pick's ranking of [`fleet`]'s request, from a router with the rule off
 /// (the ranking tests pin the formula itself).
 fn expected_seed_rows() -> Vec<Row> {
     let (router, r) = fleet(disabled(ResolvedPolicy::default()));
@@ -28,7 +28,7 @@ fn balanced_or_absent_load_gives_the_seeds_answer() {
     let d = lookup(&router, &r);
     assert_prefix(&d, &seed);
     assert_eq!(d.spilled_from(), None);
-    // Everyone equally busy: still the seed's answer.
+    // Everyone equally busy: still the cache pick.
     let _held: Vec<_> = FLEET
         .iter()
         .flat_map(|id| in_flight(&router, id, 5, 16))
@@ -304,7 +304,7 @@ fn uneven_by_one(router: &Router) -> Vec<Inflight> {
 
 #[test]
 fn a_pick_above_the_mean_but_under_the_bound_keeps_the_seeds_answer() {
-    // r2 holds six blocks nobody else does: the seed ranks it first.
+    // r2 holds six blocks nobody else does: the ranking puts it first.
     let router = mk_router(ResolvedPolicy::default());
     store(&router, "r2", &[71, 72, 73, 74, 75, 76]);
     for id in ["r1", "r3", "r4"] {

@@ -73,12 +73,12 @@ fn step7_legacy_prefix_counts_as_one_block_of_its_stored_tokens() {
     register(&router, acme(), "r2", t0());
     // The stored count wins over the request's.
     assert_prefix(
-        &lookup(&router, &legacy("p-sys", 40)),
+        &lookup(&router, &exact_prefix("p-sys", 40)),
         &[row("r1", 4.0, 128, 1)],
     );
     // Stored without a count: the request's prefix_token_count.
     assert_prefix(
-        &lookup(&router, &legacy("p-doc", 48)),
+        &lookup(&router, &exact_prefix("p-doc", 48)),
         &[row("r1", 1.5, 48, 1)],
     );
 }
@@ -260,7 +260,7 @@ fn step7_tenant_hot_picks_the_serving_replica_holding_most_entries() {
     store(&router, "r1", &[1, 2, 3]);
     store(&router, "r2", &[7]);
     assert_tenant_hot(&lookup(&router, &req(&[50, 51])), "r1");
-    assert_tenant_hot(&lookup(&router, &legacy("p-none", 64)), "r1");
+    assert_tenant_hot(&lookup(&router, &exact_prefix("p-none", 64)), "r1");
 }
 
 #[test]
@@ -354,8 +354,8 @@ fn step7_equal_scores_sort_by_replica_id_on_both_paths() {
     // Chain path: r2 and r3 tie (h = 2 of 4: d = 1/2 per block).
     let d = lookup(&router, &req(&[1, 2]));
     assert_prefix(&d, &[row("r2", 1.0, 32, 2), row("r3", 1.0, 32, 2)]);
-    // Legacy path: r1 and r4 tie on one block of 32 tokens (d = 1/2).
-    let d = lookup(&router, &legacy("p", 32));
+    // Exact-prefix path: r1 and r4 tie on one block of 32 tokens (d = 1/2).
+    let d = lookup(&router, &exact_prefix("p", 32));
     assert_prefix(&d, &[row("r1", 1.0, 32, 1), row("r4", 1.0, 32, 1)]);
 }
 

@@ -2,7 +2,7 @@
 //! `recent_routes.rs`): a pick that took more than `shareFactor × mean + slack`
 //! of the requests this sidecar routed lately spills though nothing is in flight
 //! there, to a candidate under both this bound and the request-count one; off
-//! or with balanced shares the answer is the seed's.
+//! or with balanced shares the answer is the cache pick.
 
 use super::*;
 
@@ -12,13 +12,13 @@ fn share(factor: f64) -> ResolvedPolicy {
     p
 }
 
-/// The seed's ranking of [`fleet`]'s request (share bound off).
+/// The cache pick's ranking of [`fleet`]'s request (share bound off).
 fn seed_rows() -> Vec<Row> {
     let (router, r) = fleet(share(0.0));
     rows(&lookup(&router, &r))
 }
 
-/// The answer is the seed's ranking, unmoved by the load rule.
+/// The answer is the cache pick's ranking, unmoved by the load rule.
 #[track_caller]
 fn assert_seed_answer(d: &Decision) {
     assert_prefix(d, &seed_rows());
@@ -49,7 +49,7 @@ fn off_a_busy_recent_past_changes_nothing() {
 #[test]
 fn a_pick_over_its_share_spills_to_the_next_survivor_with_nothing_in_flight() {
     let (router, r) = fleet(share(1.2));
-    // Balanced shares: the seed's answer.
+    // Balanced shares: the cache pick.
     for id in FLEET {
         routed(&router, id, 20, t0());
     }
