@@ -111,7 +111,7 @@ const BLOCK_SIZE: u32 = 16;
 /// replica holds goes to affinity, not to the tenant's busiest replica), and a
 /// matched-tokens floor just above the longest prefix the workloads share across
 /// unrelated requests (256-token system prompt or RAG header), so a shared header
-/// alone never pins traffic. docs/benchmarks.md shows each knob's effect.
+/// alone never pins traffic.
 pub const TUNED_POLICY_SPEC: &str =
     "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
 

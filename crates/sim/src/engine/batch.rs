@@ -37,7 +37,7 @@ use crate::events::{Ticket, admission_events};
 /// steps back to back, so the modelled times do not depend on this machine.
 const MAX_LAG: Duration = Duration::from_secs(1);
 
-/// The step-time model's parameters (see docs/benchmarks.md for the sources).
+/// The step-time model's parameters (the default model: docs/benchmarks.md, "The engines").
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchCosts {
     /// Tokens scheduled per step at most (vLLM's `max_num_batched_tokens`): prefill

@@ -321,8 +321,8 @@ fn a_pick_above_the_mean_but_under_the_bound_keeps_the_seeds_answer() {
     assert_eq!(picked(&d).as_deref(), Some("r2"));
     assert_eq!(d.spilled_from(), None);
     // So does r2 as TENANT_HOT's pick, which holds no hit for the request: moving
-    // such picks as soon as their replica is above the mean was measured and not
-    // shipped (docs/benchmarks.md).
+    // such picks as soon as their replica is above the mean bought balance with
+    // worse tails (docs/decision.md, "Why the rule is shaped so").
     let d = lookup(&router, &req(&[9, 10, 11]));
     assert_tenant_hot(&d, "r2");
     assert_eq!(d.spilled_from(), None);
