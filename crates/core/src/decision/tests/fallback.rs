@@ -76,7 +76,10 @@ fn step9_no_serving_replica_is_no_hint_even_with_affinity() {
 fn step9_affinity_disabled_is_no_hint() {
     let router = serving(no_affinity(ResolvedPolicy::default()), &["r1", "r2"]);
     assert_none(&lookup(&router, &req(&[50])), ReasonCode::NoHint);
-    assert_none(&lookup(&router, &exact_prefix("p-x", 64)), ReasonCode::NoHint);
+    assert_none(
+        &lookup(&router, &exact_prefix("p-x", 64)),
+        ReasonCode::NoHint,
+    );
 }
 
 #[test]

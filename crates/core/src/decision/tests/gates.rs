@@ -218,7 +218,10 @@ fn step4_gate_counts_requested_tokens_and_admits_the_gate_value() {
         &lookup(&router, &exact_prefix("p-sys", 64)),
         &[row("r1", 2.0, 64, 1)],
     );
-    assert_none(&lookup(&router, &exact_prefix("p-sys", 63)), ReasonCode::NoHint);
+    assert_none(
+        &lookup(&router, &exact_prefix("p-sys", 63)),
+        ReasonCode::NoHint,
+    );
 }
 
 #[test]
