@@ -4,7 +4,7 @@
 use super::*;
 
 /// r1 holds the exact prefix `p-sys` (128 tokens), r2 the chain [1, 2, 3, 4].
-fn legacy_and_chain(policy: ResolvedPolicy) -> Router {
+fn exact_prefix_and_chain(policy: ResolvedPolicy) -> Router {
     let router = mk_router(policy);
     store_legacy(&router, "r1", "p-sys", 128);
     store(&router, "r2", &[1, 2, 3, 4]);
@@ -29,26 +29,26 @@ fn require_chain() -> ResolvedPolicy {
 fn step1_chain_matching_off_uses_the_legacy_prefix_path() {
     let r = req(&[1, 2, 3, 4]).prefix("p-sys", 128);
     // Off: only the exact prefix counts. N = 2, d = 1/2, score = 128/16 × 1/2.
-    let off = legacy_and_chain(matching_off());
+    let off = exact_prefix_and_chain(matching_off());
     assert_prefix(&lookup(&off, &r), &[row("r1", 4.0, 128, 1)]);
     // On (control): the chain path is used and r2 wins with 4 blocks at d = 1/2.
-    let on = legacy_and_chain(open());
+    let on = exact_prefix_and_chain(open());
     assert_prefix(&lookup(&on, &r), &[row("r2", 2.0, 64, 4)]);
 }
 
 #[test]
 fn step1_chain_matching_off_drops_an_unequal_chain_instead_of_calling_it_malformed() {
     let r = req(&[1, 2, 3]).tokens(&[16]).prefix("p-sys", 128);
-    let off = legacy_and_chain(matching_off());
+    let off = exact_prefix_and_chain(matching_off());
     assert_prefix(&lookup(&off, &r), &[row("r1", 4.0, 128, 1)]);
     // With matching on, the same request is structurally malformed (step 3).
-    let on = legacy_and_chain(open());
+    let on = exact_prefix_and_chain(open());
     assert_none(&lookup(&on, &r), ReasonCode::NoHint);
 }
 
 #[test]
 fn step2_require_chain_without_chain_is_policy_requires_chain() {
-    let router = legacy_and_chain(require_chain());
+    let router = exact_prefix_and_chain(require_chain());
     // A exact-prefix-only request that would otherwise be a PREFIX_MATCH on r1.
     assert_none(
         &lookup(&router, &exact_prefix("p-sys", 128)),
@@ -65,7 +65,7 @@ fn step2_require_chain_without_chain_is_policy_requires_chain() {
 
 #[test]
 fn step2_require_chain_rejects_before_the_index_is_touched() {
-    let router = legacy_and_chain(budget(require_chain()));
+    let router = exact_prefix_and_chain(budget(require_chain()));
     // The index is held by a writer: touching it would time out.
     let d = lookup_while_held(&router, acme(), &exact_prefix("p-sys", 128));
     assert_none(&d, ReasonCode::PolicyRequiresChain);
@@ -75,7 +75,7 @@ fn step2_require_chain_rejects_before_the_index_is_touched() {
 
 #[test]
 fn step2_require_chain_with_a_valid_chain_reaches_the_index() {
-    let router = legacy_and_chain(require_chain());
+    let router = exact_prefix_and_chain(require_chain());
     assert_prefix(
         &lookup(&router, &req(&[1, 2, 3, 4])),
         &[row("r2", 2.0, 64, 4)],
@@ -84,7 +84,7 @@ fn step2_require_chain_with_a_valid_chain_reaches_the_index() {
 
 #[test]
 fn step2_require_chain_with_a_malformed_chain_is_policy_requires_chain() {
-    let router = legacy_and_chain(require_chain());
+    let router = exact_prefix_and_chain(require_chain());
     for r in [
         req(&[1, 2, 3, 4]).tokens(&[16, 16]),
         req(&[]).tokens(&[16]),
