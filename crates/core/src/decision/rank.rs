@@ -534,7 +534,7 @@ mod tests {
     }
 
     #[test]
-    fn legacy_prefix_is_one_block() {
+    fn exact_prefix_is_one_block() {
         let r = rows(rank_prefix(&[2], 4, 32, OPEN));
         assert_eq!(r[0].member, 2);
         assert_eq!(r[0].matched_blocks, 1);

@@ -307,7 +307,7 @@ fn store_prefix_only(router: &Router, scope: ScopeRef<'_>, replica: &str, chain:
 }
 
 /// `replica` stores a exact-prefix key in acme/llama/vLLM.
-fn store_legacy(router: &Router, replica: &str, prefix: &str, token_count: u32) {
+fn store_exact_prefix(router: &Router, replica: &str, prefix: &str, token_count: u32) {
     let event = IndexEvent::PrefixStored {
         prefix_hash: prefix.into(),
         token_count,

@@ -39,7 +39,7 @@ fn names_are_case_insensitive_and_absent_headers_are_empty() {
 }
 
 #[test]
-fn legacy_prefix_headers() {
+fn exact_prefix_headers() {
     let mut h = mk_scope();
     h.push((PREFIX_HASH, "sys-prompt-7"));
     h.push((PREFIX_TOKENS, "128"));

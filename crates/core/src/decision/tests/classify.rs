@@ -9,7 +9,7 @@ use super::*;
 fn two_replicas(policy: ResolvedPolicy) -> Router {
     let router = mk_router(policy);
     store(&router, "r1", &[1, 2, 3, 4]);
-    store_legacy(&router, "r1", "p-sys", 64);
+    store_exact_prefix(&router, "r1", "p-sys", 64);
     register(&router, acme(), "r2", t0());
     router
 }

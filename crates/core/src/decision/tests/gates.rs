@@ -6,7 +6,7 @@ use super::*;
 /// r1 holds the exact prefix `p-sys` (128 tokens), r2 the chain [1, 2, 3, 4].
 fn exact_prefix_and_chain(policy: ResolvedPolicy) -> Router {
     let router = mk_router(policy);
-    store_legacy(&router, "r1", "p-sys", 128);
+    store_exact_prefix(&router, "r1", "p-sys", 128);
     store(&router, "r2", &[1, 2, 3, 4]);
     router
 }
@@ -26,7 +26,7 @@ fn require_chain() -> ResolvedPolicy {
 }
 
 #[test]
-fn step1_chain_matching_off_uses_the_legacy_prefix_path() {
+fn step1_chain_matching_off_uses_the_exact_prefix_path() {
     let r = req(&[1, 2, 3, 4]).prefix("p-sys", 128);
     // Off: only the exact prefix counts. N = 2, d = 1/2, score = 128/16 × 1/2.
     let off = exact_prefix_and_chain(matching_off());
@@ -202,7 +202,7 @@ fn step4_gate_counts_requested_tokens_and_admits_the_gate_value() {
     });
     let router = mk_router(policy);
     store(&router, "r1", &[1, 2, 3, 4]);
-    store_legacy(&router, "r1", "p-sys", 0);
+    store_exact_prefix(&router, "r1", "p-sys", 0);
     register(&router, acme(), "r2", t0());
     // Chain: the sum of block_token_counts; exactly at the gate passes.
     assert_prefix(
@@ -232,7 +232,7 @@ fn step4_gate_counts_prefix_tokens_when_chain_matching_is_off() {
         ..open()
     });
     let router = mk_router(policy);
-    store_legacy(&router, "r1", "p-sys", 128);
+    store_exact_prefix(&router, "r1", "p-sys", 128);
     register(&router, acme(), "r2", t0());
     // The dropped chain's 128 tokens do not count; the prefix's 10 do.
     let r = req(&[1, 2, 3, 4, 5, 6, 7, 8]).prefix("p-sys", 10);

@@ -49,7 +49,7 @@ fn ttl_expired_entries_are_unusable_at_lookup_before_any_sweep() {
     });
     let router = mk_router(policy);
     store(&router, "r1", &[1, 2, 3, 4]);
-    store_legacy(&router, "r1", "p-sys", 64);
+    store_exact_prefix(&router, "r1", "p-sys", 64);
     register(&router, acme(), "r2", t0());
     let chain = req(&[1, 2, 3, 4]);
     assert_prefix(

@@ -66,10 +66,10 @@ fn step7_only_replicas_with_a_matched_block_are_ranked_even_with_a_zero_floor() 
 }
 
 #[test]
-fn step7_legacy_prefix_counts_as_one_block_of_its_stored_tokens() {
+fn step7_exact_prefix_counts_as_one_block_of_its_stored_tokens() {
     let router = mk_router(open());
-    store_legacy(&router, "r1", "p-sys", 128);
-    store_legacy(&router, "r1", "p-doc", 0);
+    store_exact_prefix(&router, "r1", "p-sys", 128);
+    store_exact_prefix(&router, "r1", "p-doc", 0);
     register(&router, acme(), "r2", t0());
     // The stored count wins over the request's.
     assert_prefix(
@@ -87,7 +87,7 @@ fn step7_legacy_prefix_counts_as_one_block_of_its_stored_tokens() {
 fn step7_chain_path_wins_when_both_chain_and_prefix_are_given() {
     let router = mk_router(open());
     store(&router, "r1", &[1, 2, 3, 4]);
-    store_legacy(&router, "r2", "p-sys", 128);
+    store_exact_prefix(&router, "r2", "p-sys", 128);
     let d = lookup(&router, &req(&[1, 2, 3, 4]).prefix("p-sys", 128));
     assert_prefix(&d, &[row("r1", 2.0, 64, 4)]);
 }
@@ -349,8 +349,8 @@ fn step7_equal_scores_sort_by_replica_id_on_both_paths() {
     }
     store(&router, "r3", &[1, 2]);
     store(&router, "r2", &[1, 2]);
-    store_legacy(&router, "r4", "p", 32);
-    store_legacy(&router, "r1", "p", 32);
+    store_exact_prefix(&router, "r4", "p", 32);
+    store_exact_prefix(&router, "r1", "p", 32);
     // Chain path: r2 and r3 tie (h = 2 of 4: d = 1/2 per block).
     let d = lookup(&router, &req(&[1, 2]));
     assert_prefix(&d, &[row("r2", 1.0, 32, 2), row("r3", 1.0, 32, 2)]);
