@@ -8,6 +8,7 @@ cached prompt tokens reported by the engine; then the script must leave nothing
 running and no port bound.
 """
 
+import json
 import os
 import pathlib
 import queue
@@ -44,8 +45,6 @@ def bound(port: int) -> bool:
 
 def send_try() -> tuple[dict, dict]:
     """Runs try.sh; its response's headers (lowercase names) and JSON body."""
-    import json
-
     out = subprocess.run(["bash", str(TRY)], capture_output=True, text=True, timeout=30, check=True)
     head, _, body = out.stdout.replace("\r\n", "\n").partition("\n\n")
     status, *lines = head.splitlines()
