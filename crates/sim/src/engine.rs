@@ -494,6 +494,8 @@ struct Completion {
     /// streamed completion's do; the body (one JSON document, not server-sent
     /// events: only the headers' timing is modelled) when the request is done.
     stream: bool,
+    /// Came to `/v1/chat/completions`: answered in the chat shape.
+    chat: bool,
 }
 
 fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
@@ -504,6 +506,7 @@ fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> {
         prompt: prompt_tokens(b.prompt)?,
         max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         stream: b.stream.unwrap_or(false),
+        chat: false,
     })
 }
 
@@ -529,6 +532,7 @@ fn parse_with_tokenizer(
         prompt,
         max_tokens: b.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         stream: b.stream.unwrap_or(false),
+        chat: matches!(endpoint, Endpoint::ChatCompletions),
     })
 }
 
@@ -672,11 +676,32 @@ impl Engine {
         let (prompt, completion) = (req.prompt.len(), req.max_tokens as usize);
         let queue_ms = ms(s.queue);
         let prefill_ms = ms(s.prefill);
+        // The engine generates no text: an empty answer of max_tokens tokens.
+        let (id, object, choice) = if req.chat {
+            let message = json!({ "role": "assistant", "content": "" });
+            let choice = json!({ "index": 0, "message": message, "finish_reason": "length" });
+            (
+                format!("chatcmpl-{}-{n}", self.config.id),
+                "chat.completion",
+                choice,
+            )
+        } else {
+            let choice = json!({ "index": 0, "text": "", "finish_reason": "length" });
+            (
+                format!("cmpl-{}-{n}", self.config.id),
+                "text_completion",
+                choice,
+            )
+        };
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         json!({
-            "id": format!("cmpl-{}-{n}", self.config.id),
-            "object": "text_completion",
+            "id": id,
+            "object": object,
+            "created": created,
             "model": req.model,
-            "choices": [{ "index": 0, "text": "", "finish_reason": "length" }],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,

@@ -545,6 +545,7 @@ fn requests_parse_with_defaults_and_ignore_unknown_fields() {
             prompt: vec![5, 6],
             max_tokens: DEFAULT_MAX_TOKENS,
             stream: false,
+            chat: false,
         }
     );
     assert!(
@@ -853,6 +854,8 @@ async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     assert_eq!(r.json["usage"]["prompt_tokens"], 8);
+    assert_eq!(r.json["object"], "text_completion");
+    assert_eq!(r.json["choices"][0]["text"], "");
     // The chat rendering is the same ids ("<s>" from the template, no second BOS),
     // so it hits the cache; as in vLLM the last prompt token is always computed,
     // so of two full cached blocks only the first counts as a hit.
@@ -864,6 +867,17 @@ async fn with_a_tokenizer_text_and_chat_prompts_are_tokenized_like_body_mode() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.json);
     assert_eq!(r.json["usage"]["prompt_tokens"], 8);
     assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    // Answered in the chat shape OpenAI clients parse.
+    assert_eq!(r.json["object"], "chat.completion");
+    assert_eq!(r.json["model"], "m");
+    assert_eq!(r.json["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(r.json["choices"][0]["finish_reason"], "length");
+    assert!(
+        r.json["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("chatcmpl-"))
+    );
+    assert!(r.json["created"].as_u64().is_some_and(|t| t > 0));
     // The cache holds the ids the product computes: a request of exactly these
     // ids gets the same hit (the lookup, too, leaves the last token to compute),
     // and one that differs in block 0 gets none.
