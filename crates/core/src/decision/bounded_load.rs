@@ -1,62 +1,33 @@
-//! The load rule (contract §12 `loadAwareness`): consistent hashing with bounded
-//! loads over the seed's own candidates.
+//! The load rule (`loadAwareness`): consistent hashing with bounded loads over
+//! the seed decision's own candidates. If the pick fits its bounds, nothing
+//! changes; otherwise the request walks to the first candidate that fits.
 //!
-//! The seed's decision orders the candidates (the ranked PREFIX_MATCH survivors,
-//! or the one TENANT_HOT or affinity pick). A replica is *overloaded* when placing
-//! this request would take it past `factor × mean + slack`, the mean being over the
-//! scope's serving replicas and counting this request. If the first candidate is
-//! not overloaded nothing changes, so with balanced load every answer is the
-//! seed's. Otherwise the request walks down the remaining candidates, then every
-//! serving replica in rendezvous order of a seed: for a prefix match the deepest
-//! matched block, so the overflow of one shared prefix lands on the same next
-//! replica (which then holds the prefix too) instead of scattering. A spill
-//! that finds no other holder within the bounds makes a copy, and a copy goes
-//! to the replica with the fewest recent requests (rendezvous order breaks
-//! ties): it then holds the prefix, so the walk finds it for the prefix's next
-//! overflow anyway, and the emptiest replica has the most room to take it.
-//! Among other holders, where the request is still a hit, the spill takes one
-//! with the deepest match, and of those the one with the fewest recent requests
-//! (walk order breaks ties), for the same reason.
+//! Three checks, each a [`SpillCheck`]:
+//! - requests: in-flight count against `factor × mean + slack` (mean over the
+//!   scope's serving replicas, counting this request);
+//! - share: recently routed requests against `shareFactor × mean + slack`;
+//! - prefill: queued uncached tokens plus this request's, against the cheapest
+//!   serving replica's plus `prefillSlackTokens` (TTFT waits on prefill, which a
+//!   request count cannot see).
 //!
-//! A survivor whose match is only a *common* prefix (blocks held by more than half
-//! of the serving replicas: a shared system prompt or RAG header) is no better a
-//! spill target than any other replica: walking to it first kept the overflow of
-//! every new conversation on the header's few holders, and a replica that never
-//! got the header never got anything. So the walk takes only survivors that hold
-//! more than the common prefix, then everyone else in rendezvous order, seeded by
-//! the request's own last block when the pick itself holds only the common part.
-//! Unless the common part is nearly all of the request (a hot document or
-//! prompt of more than [`QUICK_START_TOKENS`], with at most that many tokens of
-//! question beyond it): its
-//! holders are where the request is still a hit, so the walk takes them first,
-//! in the same rendezvous order. Walking everyone there made a full-prefill copy
-//! on each replica still without the hot document, until all of them held it.
-//!
-//! A pick the request would start on within [`QUICK_START_TOKENS`] of prefill (a
-//! hit on its holder with little queued ahead of it, and nothing its engine
-//! reports waiting) stays whatever its request count while the share bound is
-//! on: moving it makes a full prefill elsewhere, a request slowed to save
-//! nothing, and the share bound balances the fleet's requests. Below the share
-//! bound's gate the count is the only balance there is, so it still decides.
-//!
-//! The share bound spills first to another holder of the request's
-//! distinguishing prefix, where it is still a hit. Anywhere else it is a new
-//! copy of the prefix (a full prefill, and a replica that then attracts the
-//! prefix's overflow), so a copy waits until the pick is a second `slack` past
-//! the bound, and goes to the replica with the fewest recent requests: the one
-//! with the most room to absorb that overflow before it too needs relief.
-//!
-//! A request count cannot tell a replica running two full prefills from one
-//! running two cheap decodes, and prefill is what a request's TTFT waits on. So
-//! when the count leaves the pick alone, its *prefill cost* is compared too: the
-//! uncached prompt tokens queued there (`load.rs`, let go when the engine stores
-//! each request's last block) plus this request's own uncached tokens there. If
-//! that exceeds the cheapest serving replica's by more than `prefillSlackTokens`
-//! (128 by default, a few milliseconds of prefill), the request goes to the
-//! cheapest, ties in the same walk order. Tokens a replica is still prefilling
-//! for a sibling routed there moments ago (pending entries, when `pendingTTL` is
-//! on) that this request matches are not counted against it: they are the
-//! prefill it would wait for anyway, and going elsewhere would compute them twice.
+//! Invariants and trade-offs:
+//! - The walk after the pick: survivors holding more than the common prefix
+//!   (blocks held by over half the serving replicas), then every serving replica
+//!   in rendezvous order of the deepest matched block, so one prefix's overflow
+//!   lands on one next replica instead of scattering.
+//! - A hot common prefix (more than [`QUICK_START_TOKENS`], little beyond it)
+//!   walks its holders first: there the request is still a hit.
+//! - A spill prefers another holder (deepest match, then fewest recent
+//!   requests); a new copy goes to the replica with the fewest recent requests,
+//!   which has the most room for the prefix's later overflow.
+//! - A share-bound copy waits until the pick is a second `slack` past the bound:
+//!   a copy is a full prefill.
+//! - A quick-start pick (a hit with at most [`QUICK_START_TOKENS`] of prefill
+//!   ahead and nothing reported waiting) stays while the share bound is on:
+//!   moving it only slows the request.
+//! - Tokens a replica is still prefilling for a sibling (pending entries) that
+//!   this request matches do not count against it: it would wait for them
+//!   anywhere else too.
 
 use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
@@ -203,12 +174,8 @@ impl Candidates<'_> {
 
     /// Of the walk's `held` members that pass `ok`, those with the deepest
     /// match, and of them the one with the fewest recent requests (the first
-    /// of equals). Every one is a hit there, so the emptiest has the most room.
-    /// Taking them in walk order sent all of a hot document's overflow to its
-    /// second holder until that one was full too, and only then on: busy
-    /// holders slowed hits and set off copies (two sidecars on eight-engine
-    /// rag-hot: p90 within 1.2× of the load-aware oracle in 1 of 18 seed runs,
-    /// 8 of 18 this way).
+    /// of equals). Every one is a hit there, so the emptiest has the most room;
+    /// walk order would pile a hot document's overflow on one holder at a time.
     fn emptiest_holder(
         &self,
         held: &[usize],
@@ -306,11 +273,8 @@ impl Signals<'_> {
 
     /// The request would start on its pick within [`QUICK_START_TOKENS`] of
     /// prefill, with nothing the engine reports waiting ahead of it, and the
-    /// share bound is on to keep the fleet balanced without the count. (Quick
-    /// starts kept below its gate let a hot document's holder take what it
-    /// liked until the gate opened: 1.85 × the mean on eight-engine rag-hot.
-    /// A gate low enough to catch that moved multi-turn conversations that
-    /// were balanced with no spill at all.)
+    /// share bound is on to keep the fleet balanced without the count. Below
+    /// the share bound's gate the count is the only balance, so it decides.
     fn quick_start(&self, candidates: &Candidates<'_>) -> bool {
         let Some(pick) = candidates.rows.first() else {
             return false;
@@ -358,11 +322,8 @@ impl Loads {
 }
 
 /// The request-count bound. Its copies go where the share bound's do: to the
-/// replica with the fewest recent requests, not the next in rendezvous order.
-/// The next in rendezvous order was often a replica already busy with other
-/// documents, so one copy there set off the next spill: on eight-engine
-/// rag-hot, seed 7 copied five documents onto busy engines while two engines
-/// took half the mean.
+/// replica with the fewest recent requests, not the next in rendezvous order,
+/// which may already be busy and so set off the next spill.
 fn by_requests(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill> {
     let first = candidates.first()?;
     // The bound is never below `slack`: a pick that fits under it needs no mean
