@@ -146,16 +146,24 @@ pub fn make(name: &str) -> Box<dyn Index> {
         "dynamo" => Box::new(peers::Dynamo::new()),
         "smg" => Box::new(peers::Smg::new(1024, false)),
         "smg-lean" => Box::new(peers::Smg::new(256, true)),
+        "dynamo-positional" => Box::new(peers::Dynamo::positional()),
         other => panic!("unknown index {other}"),
     }
 }
 
-const NAMES: [&str; 4] = ["inferencecache", "dynamo", "smg", "smg-lean"];
-const LABELS: [&str; 4] = [
+const NAMES: [&str; 5] = [
+    "inferencecache",
+    "dynamo",
+    "smg",
+    "smg-lean",
+    "dynamo-positional",
+];
+const LABELS: [&str; 5] = [
     "inferencecache (whole decision)",
     "Dynamo 1.6.1 ThreadPoolIndexer<ConcurrentRadixTreeCompressed>, 1 event thread",
     "SMG kv-index 2.0.0 ShardedChainIndex::new(1, 1024) + find_matches",
     "SMG kv-index 2.0.0 lean (256 slots + score_into)",
+    "Dynamo 1.6.1 ThreadPoolIndexer<PositionalIndexer> (jump 32), 1 event thread",
 ];
 
 fn rss_bytes() -> u64 {

@@ -7,10 +7,11 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData,
+    KvCacheStoredBlockData, compute_seq_hash_for_block,
 };
 use dynamo_kv_router::{
-    ConcurrentRadixTreeCompressed, LocalBlockHash, RouterEvent, SyncIndexer, ThreadPoolIndexer,
+    ConcurrentRadixTreeCompressed, LocalBlockHash, PositionalIndexer, RouterEvent, SyncIndexer,
+    ThreadPoolIndexer,
 };
 use kv_index::{ChainBlockMap, ContentHash, SequenceHash, ShardedChainIndex, StoredBlock};
 
@@ -38,16 +39,49 @@ fn block_on<F: Future>(f: F) -> F::Output {
 
 /// Dynamo's router default: `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>`,
 /// one event thread; events are enqueued to it, lookups run inline.
-pub struct Dynamo {
-    index: ThreadPoolIndexer<ConcurrentRadixTreeCompressed>,
+/// `Dynamo<PositionalIndexer>` is its other shipped thread-safe index behind the
+/// same thread pool.
+pub struct Dynamo<T: SyncIndexer = ConcurrentRadixTreeCompressed> {
+    index: ThreadPoolIndexer<T>,
     event_id: AtomicU64,
+    /// Block hashes as Dynamo chains them itself (its positional index checks a
+    /// stored block's hash against the rolling hash of the request's local hashes).
+    own_chain: bool,
 }
 
 impl Dynamo {
     pub fn new() -> Self {
+        Self::with(ConcurrentRadixTreeCompressed::new(), false)
+    }
+}
+
+impl Dynamo<PositionalIndexer> {
+    /// Jump size 32, the reference figures' configuration.
+    pub fn positional() -> Self {
+        Self::with(PositionalIndexer::new(32), true)
+    }
+}
+
+impl<T: SyncIndexer> Dynamo<T> {
+    fn with(backend: T, own_chain: bool) -> Self {
         Self {
-            index: ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, 16),
+            index: ThreadPoolIndexer::new(backend, 1, 16),
             event_id: AtomicU64::new(0),
+            own_chain,
+        }
+    }
+
+    /// The sequence's block hashes as the engine would publish them to this index.
+    fn chain(&self, seq: &Seq) -> Vec<u64> {
+        if self.own_chain {
+            let local: Vec<LocalBlockHash> =
+                seq.content.iter().map(|&c| LocalBlockHash(c)).collect();
+            compute_seq_hash_for_block(&local)
+                .into_iter()
+                .map(|h| h as u64)
+                .collect()
+        } else {
+            seq.chain.clone()
         }
     }
 
@@ -77,10 +111,10 @@ impl Dynamo {
     }
 }
 
-impl Index for Dynamo {
+impl<T: SyncIndexer> Index for Dynamo<T> {
     fn store(&self, seq: &Seq, replica: usize) {
-        let blocks = seq
-            .chain
+        let blocks = self
+            .chain(seq)
             .iter()
             .zip(&seq.content)
             .map(|(&h, &c)| KvCacheStoredBlockData {
@@ -100,7 +134,7 @@ impl Index for Dynamo {
     }
 
     fn remove(&self, seq: &Seq, from: usize, replica: usize, reversed: bool) {
-        let mut block_hashes: Vec<_> = seq.chain[from..]
+        let mut block_hashes: Vec<_> = self.chain(seq)[from..]
             .iter()
             .map(|&h| ExternalSequenceBlockHash(h))
             .collect();
