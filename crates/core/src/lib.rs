@@ -19,6 +19,7 @@
 pub mod chain;
 pub mod decision;
 pub mod fleet_routes;
+pub mod flow;
 pub mod index;
 pub mod load;
 pub mod policy;

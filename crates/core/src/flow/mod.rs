@@ -1,0 +1,23 @@
+//! Flow control above capacity: which held request goes next, and which is shed.
+//!
+//! When every eligible replica is saturated ([`saturation::all_saturated`]) the
+//! ext_proc adapter holds a request in a [`FlowQueue`] instead of sending it to an
+//! engine where it would wait anyway. Holding lets the sidecar choose the order:
+//!
+//! 1. priority bands, higher first (`x-inferencecache-priority`, default 0);
+//! 2. within a band, weighted fair queuing across tenants by tokens when the
+//!    tenant's isolation mode is `Fairness` (each tenant's share follows its
+//!    `CacheTenant.spec.weight`), otherwise first come, first served.
+//!
+//! The queue is bounded (`maxQueuedRequests`): when full, the lowest-priority
+//! request is shed — the newcomer when nothing queued is lower, else the newest
+//! entry of the lowest band. A request waiting longer than `maxQueueWait` is shed
+//! as `queue-timeout`; a client that goes away leaves at once ([`FlowQueue::cancel`]).
+//!
+//! Pure and synchronous: time is passed in, the adapter owns timers and wake-ups.
+//! Below saturation nothing here is consulted, so no decision changes.
+
+mod queue;
+pub mod saturation;
+
+pub use queue::{Admission, FlowQueue, Held, QueueLimits, Request, ShedReason, Ticket};

@@ -1,0 +1,323 @@
+//! The held-request queue: priority bands, weighted fair queuing inside a band.
+//!
+//! Fairness is start-time fair queuing over tokens: a request of `tokens` from a
+//! tenant of weight `w` gets the start tag `max(band clock, tenant's last finish)`
+//! and the finish tag `start + tokens / w`; the band releases the tenant head with
+//! the smallest finish tag and advances its clock to that request's start tag. A
+//! backlogged tenant of weight 3 is thus served three times the tokens of one of
+//! weight 1, and a tenant idle for a while re-enters at the band clock instead of
+//! claiming the service it did not use. Tenants not in `Fairness` mode share one
+//! first-come, first-served lane of the band (weight 1, FIFO by arrival).
+//!
+//! A request removed before its turn (cancel, timeout, eviction) leaves its tags
+//! behind in its tenant's later requests: the tenant is charged for it once more,
+//! a small and bounded unfairness accepted so removal stays O(tenant queue).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use crate::time::Timestamp;
+
+/// Fixed-point scale of virtual time: tags are tokens × this / weight, so a
+/// weight up to this value still advances the clock on a one-token request.
+const VIRTUAL_SCALE: u128 = 1 << 20;
+
+/// The queue's bounds, from the policy's `spec.flowControl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// `maxQueuedRequests`: held requests across all bands and tenants.
+    pub max_queued: usize,
+    /// `maxQueueWait`: a request held this long is shed as `queue-timeout`.
+    pub max_wait: Duration,
+}
+
+impl QueueLimits {
+    /// The `retry-after` a shed request is told, in whole seconds: one queue wait,
+    /// at least one second.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.max_wait.as_secs_f64().ceil().max(1.0) as u64
+    }
+}
+
+/// Why a request was shed (`x-inferencecache-shed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShedReason {
+    /// The queue was full and the newcomer had the lowest priority.
+    QueueFull,
+    /// Held for `maxQueueWait` without a replica freeing.
+    QueueTimeout,
+    /// Evicted from a full queue by a higher-priority newcomer.
+    Priority,
+}
+
+impl ShedReason {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::QueueFull => "queue-full",
+            ShedReason::QueueTimeout => "queue-timeout",
+            ShedReason::Priority => "priority",
+        }
+    }
+}
+
+/// A held request's handle: the adapter keeps it to cancel or to match a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(u64);
+
+/// What [`FlowQueue::enqueue`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Held under this ticket.
+    Held(Ticket),
+    /// Held, and to make room this earlier request was evicted (shed as
+    /// [`ShedReason::Priority`]).
+    HeldEvicting { held: Ticket, evicted: Ticket },
+    /// Not held: shed at once as [`ShedReason::QueueFull`].
+    Shed,
+}
+
+/// A request leaving the queue for a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub ticket: Ticket,
+    pub priority: i64,
+    /// How long it was held.
+    pub waited: Duration,
+}
+
+#[derive(Debug)]
+struct Entry {
+    ticket: Ticket,
+    enqueued_at: Timestamp,
+    finish: u128,
+    start: u128,
+}
+
+#[derive(Debug, Default)]
+struct Lane {
+    entries: VecDeque<Entry>,
+    last_finish: u128,
+}
+
+#[derive(Debug, Default)]
+struct Band {
+    /// Keyed by tenant under fairness; the FIFO lane is keyed by `None`.
+    lanes: HashMap<Option<String>, Lane>,
+    clock: u128,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Location {
+    priority: i64,
+    lane: Option<String>,
+    deadline: Timestamp,
+}
+
+/// The held requests of one sidecar.
+#[derive(Debug)]
+pub struct FlowQueue {
+    limits: QueueLimits,
+    /// Keyed by `Reverse(priority)`: the first band is the highest.
+    bands: BTreeMap<Reverse<i64>, Band>,
+    where_: HashMap<Ticket, Location>,
+    deadlines: BTreeSet<(Timestamp, Ticket)>,
+    next_ticket: u64,
+}
+
+/// One request asking to be held.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub priority: i64,
+    pub tenant: &'a str,
+    /// The tenant's `spec.weight` (≥ 1) when its isolation mode is `Fairness`;
+    /// `None` puts the request in its band's first-come, first-served lane.
+    pub fair_weight: Option<u32>,
+    /// The request's prompt tokens: its cost under fair queuing (at least 1).
+    pub tokens: u64,
+}
+
+impl FlowQueue {
+    pub fn new(limits: QueueLimits) -> Self {
+        Self {
+            limits,
+            bands: BTreeMap::new(),
+            where_: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            next_ticket: 0,
+        }
+    }
+
+    pub fn limits(&self) -> QueueLimits {
+        self.limits
+    }
+
+    /// New bounds apply to the next enqueue and expiry; nothing held is shed by
+    /// the change itself.
+    pub fn set_limits(&mut self, limits: QueueLimits) {
+        self.limits = limits;
+    }
+
+    pub fn len(&self) -> usize {
+        self.where_.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.where_.is_empty()
+    }
+
+    /// Held requests per priority band, highest band first (the depth metric).
+    pub fn depth_by_band(&self) -> Vec<(i64, usize)> {
+        self.bands.iter().map(|(p, b)| (p.0, b.len)).collect()
+    }
+
+    /// Whether the ticket is still held.
+    pub fn contains(&self, ticket: Ticket) -> bool {
+        self.where_.contains_key(&ticket)
+    }
+
+    /// The earliest moment a held request times out, for the adapter's timer.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.deadlines.first().map(|(t, _)| *t)
+    }
+
+    /// Holds a request, or sheds it or a lower-priority one when full.
+    pub fn enqueue(&mut self, req: Request<'_>, now: Timestamp) -> Admission {
+        let mut evicted = None;
+        if self.where_.len() >= self.limits.max_queued {
+            let lowest = self.bands.iter().next_back().map(|(p, _)| p.0);
+            match lowest {
+                Some(low) if low < req.priority => {
+                    evicted = self.evict_newest_of(low);
+                    if evicted.is_none() {
+                        return Admission::Shed;
+                    }
+                }
+                _ => return Admission::Shed,
+            }
+        }
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        let lane_key = req.fair_weight.map(|_| req.tenant.to_owned());
+        let weight = u128::from(req.fair_weight.unwrap_or(1).max(1));
+        let band = self.bands.entry(Reverse(req.priority)).or_default();
+        let lane = band.lanes.entry(lane_key.clone()).or_default();
+        let start = band.clock.max(lane.last_finish);
+        let cost = u128::from(req.tokens.max(1)) * VIRTUAL_SCALE / weight;
+        let finish = start + cost.max(1);
+        lane.last_finish = finish;
+        lane.entries.push_back(Entry {
+            ticket,
+            enqueued_at: now,
+            finish,
+            start,
+        });
+        band.len += 1;
+        let deadline = now.plus(self.limits.max_wait);
+        self.deadlines.insert((deadline, ticket));
+        self.where_.insert(
+            ticket,
+            Location {
+                priority: req.priority,
+                lane: lane_key,
+                deadline,
+            },
+        );
+        match evicted {
+            Some(evicted) => Admission::HeldEvicting {
+                held: ticket,
+                evicted,
+            },
+            None => Admission::Held(ticket),
+        }
+    }
+
+    /// The next request to release to a replica: highest band, then the smallest
+    /// finish tag among its lanes' heads (arrival order breaks ties).
+    pub fn release(&mut self, now: Timestamp) -> Option<Held> {
+        let (&Reverse(priority), band) = self.bands.iter_mut().next()?;
+        let (key, _) = band
+            .lanes
+            .iter()
+            .filter_map(|(k, lane)| lane.entries.front().map(|e| (k, (e.finish, e.ticket))))
+            .min_by_key(|(_, tag)| *tag)?;
+        let key = key.clone();
+        let lane = band.lanes.get_mut(&key)?;
+        let entry = lane.entries.pop_front()?;
+        band.clock = band.clock.max(entry.start);
+        self.forget(entry.ticket, priority);
+        Some(Held {
+            ticket: entry.ticket,
+            priority,
+            waited: now.since(entry.enqueued_at),
+        })
+    }
+
+    /// Removes a request whose client went away; false when it was not held.
+    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+        let Some(loc) = self.where_.get(&ticket) else {
+            return false;
+        };
+        let (priority, key) = (loc.priority, loc.lane.clone());
+        if let Some(lane) = self
+            .bands
+            .get_mut(&Reverse(priority))
+            .and_then(|b| b.lanes.get_mut(&key))
+        {
+            lane.entries.retain(|e| e.ticket != ticket);
+        }
+        self.forget(ticket, priority);
+        true
+    }
+
+    /// Removes and returns every request held `maxQueueWait` or longer (shed as
+    /// [`ShedReason::QueueTimeout`]), oldest first.
+    pub fn expire(&mut self, now: Timestamp) -> Vec<Ticket> {
+        let due: Vec<Ticket> = self
+            .deadlines
+            .iter()
+            .take_while(|(d, _)| *d <= now)
+            .map(|(_, t)| *t)
+            .collect();
+        for t in &due {
+            self.cancel(*t);
+        }
+        due
+    }
+
+    /// The newest entry of the band, removed; `None` when the band is empty.
+    fn evict_newest_of(&mut self, priority: i64) -> Option<Ticket> {
+        let band = self.bands.get(&Reverse(priority))?;
+        let newest = band
+            .lanes
+            .values()
+            .filter_map(|l| l.entries.back().map(|e| e.ticket))
+            .max()?;
+        self.cancel(newest);
+        Some(newest)
+    }
+
+    /// Drops the bookkeeping of a request already taken out of its lane.
+    /// An emptied lane keeps its last finish tag while its band lives, so a tenant
+    /// that empties and refills at once is still charged; `max(clock, last_finish)`
+    /// re-enters it at the band clock once it has been idle.
+    fn forget(&mut self, ticket: Ticket, priority: i64) {
+        if let Some(loc) = self.where_.remove(&ticket) {
+            self.deadlines.remove(&(loc.deadline, ticket));
+        }
+        let band_key = Reverse(priority);
+        let mut band_empty = false;
+        if let Some(band) = self.bands.get_mut(&band_key) {
+            band.len = band.len.saturating_sub(1);
+            band_empty = band.len == 0;
+        }
+        if band_empty {
+            self.bands.remove(&band_key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,332 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn limits(max_queued: usize, wait_ms: u64) -> QueueLimits {
+    QueueLimits {
+        max_queued,
+        max_wait: Duration::from_millis(wait_ms),
+    }
+}
+
+fn fifo(priority: i64) -> Request<'static> {
+    Request {
+        priority,
+        tenant: "t",
+        fair_weight: None,
+        tokens: 100,
+    }
+}
+
+fn held(a: Admission) -> Ticket {
+    match a {
+        Admission::Held(t) | Admission::HeldEvicting { held: t, .. } => t,
+        Admission::Shed => panic!("expected the request to be held"),
+    }
+}
+
+const T0: Timestamp = Timestamp(1_000_000_000);
+
+#[test]
+fn higher_priority_first_then_arrival_order() {
+    let mut q = FlowQueue::new(limits(10, 1000));
+    let a = held(q.enqueue(fifo(0), T0));
+    let b = held(q.enqueue(fifo(0), T0));
+    let c = held(q.enqueue(fifo(5), T0));
+    let d = held(q.enqueue(fifo(-1), T0));
+    let order: Vec<Ticket> = std::iter::from_fn(|| q.release(T0).map(|h| h.ticket)).collect();
+    assert_eq!(order, vec![c, a, b, d]);
+    assert!(q.is_empty());
+    assert!(q.depth_by_band().is_empty());
+}
+
+#[test]
+fn release_reports_priority_and_wait() {
+    let mut q = FlowQueue::new(limits(10, 5000));
+    let a = held(q.enqueue(fifo(3), T0));
+    let h = q.release(T0.plus(Duration::from_millis(250))).unwrap();
+    assert_eq!(h.ticket, a);
+    assert_eq!(h.priority, 3);
+    assert_eq!(h.waited, Duration::from_millis(250));
+    assert_eq!(q.release(T0), None);
+}
+
+#[test]
+fn weights_share_tokens_one_to_three_under_backlog() {
+    let mut q = FlowQueue::new(limits(100_000, 60_000));
+    let mut owner = HashMap::new();
+    // Different request sizes per tenant: the share is in tokens, not requests.
+    for _ in 0..2000 {
+        let t = held(q.enqueue(
+            Request {
+                priority: 0,
+                tenant: "light",
+                fair_weight: Some(1),
+                tokens: 300,
+            },
+            T0,
+        ));
+        owner.insert(t, ("light", 300u64));
+        let t = held(q.enqueue(
+            Request {
+                priority: 0,
+                tenant: "heavy",
+                fair_weight: Some(3),
+                tokens: 500,
+            },
+            T0,
+        ));
+        owner.insert(t, ("heavy", 500u64));
+    }
+    // Serve while both stay backlogged.
+    let mut served: HashMap<&str, u64> = HashMap::new();
+    for _ in 0..1500 {
+        let h = q.release(T0).unwrap();
+        let (tenant, tokens) = owner[&h.ticket];
+        *served.entry(tenant).or_default() += tokens;
+    }
+    let ratio = served["heavy"] as f64 / served["light"] as f64;
+    assert!((2.7..=3.3).contains(&ratio), "heavy:light = {ratio}");
+}
+
+#[test]
+fn fifo_lane_ignores_tenant_and_weight() {
+    let mut q = FlowQueue::new(limits(10, 1000));
+    let a = held(q.enqueue(
+        Request {
+            priority: 0,
+            tenant: "a",
+            fair_weight: None,
+            tokens: 10_000,
+        },
+        T0,
+    ));
+    let b = held(q.enqueue(
+        Request {
+            priority: 0,
+            tenant: "b",
+            fair_weight: None,
+            tokens: 1,
+        },
+        T0,
+    ));
+    assert_eq!(q.release(T0).unwrap().ticket, a);
+    assert_eq!(q.release(T0).unwrap().ticket, b);
+}
+
+#[test]
+fn idle_tenant_reenters_at_band_clock_not_with_saved_credit() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let req = |tenant| Request {
+        priority: 0,
+        tenant,
+        fair_weight: Some(1),
+        tokens: 100,
+    };
+    let mut busy = Vec::new();
+    for _ in 0..20 {
+        busy.push(held(q.enqueue(req("busy"), T0)));
+    }
+    for _ in 0..10 {
+        q.release(T0).unwrap();
+    }
+    // A newcomer now alternates with the busy tenant; it does not get ten in a row.
+    let n1 = held(q.enqueue(req("new"), T0));
+    let n2 = held(q.enqueue(req("new"), T0));
+    let next: Vec<Ticket> = (0..4).map(|_| q.release(T0).unwrap().ticket).collect();
+    assert!(next.contains(&n1));
+    assert!(next.contains(&n2));
+    assert!(next.contains(&busy[10]));
+    assert!(next.contains(&busy[11]));
+}
+
+#[test]
+fn timeout_sheds_only_the_overdue() {
+    let mut q = FlowQueue::new(limits(10, 100));
+    let a = held(q.enqueue(fifo(0), T0));
+    let b = held(q.enqueue(fifo(9), T0.plus(Duration::from_millis(50))));
+    assert_eq!(q.next_deadline(), Some(T0.plus(Duration::from_millis(100))));
+    assert!(q.expire(T0.plus(Duration::from_millis(99))).is_empty());
+    assert_eq!(q.expire(T0.plus(Duration::from_millis(100))), vec![a]);
+    assert!(!q.contains(a));
+    assert!(q.contains(b));
+    assert_eq!(q.len(), 1);
+    assert_eq!(q.expire(T0.plus(Duration::from_secs(1))), vec![b]);
+    assert!(q.is_empty());
+    assert_eq!(q.next_deadline(), None);
+}
+
+#[test]
+fn full_queue_sheds_a_newcomer_no_higher_than_the_lowest() {
+    let mut q = FlowQueue::new(limits(2, 1000));
+    held(q.enqueue(fifo(1), T0));
+    held(q.enqueue(fifo(2), T0));
+    assert_eq!(q.enqueue(fifo(1), T0), Admission::Shed);
+    assert_eq!(q.enqueue(fifo(0), T0), Admission::Shed);
+    assert_eq!(q.len(), 2);
+}
+
+#[test]
+fn full_queue_evicts_the_newest_of_the_lowest_band_for_a_higher_newcomer() {
+    let mut q = FlowQueue::new(limits(3, 1000));
+    let old_low = held(q.enqueue(fifo(0), T0));
+    let new_low = held(q.enqueue(fifo(0), T0));
+    let mid = held(q.enqueue(fifo(1), T0));
+    let hi = match q.enqueue(fifo(5), T0) {
+        Admission::HeldEvicting { held, evicted } => {
+            assert_eq!(evicted, new_low);
+            held
+        }
+        other => panic!("expected an eviction, got {other:?}"),
+    };
+    assert!(!q.contains(new_low));
+    assert_eq!(q.len(), 3);
+    assert_eq!(q.depth_by_band(), vec![(5, 1), (1, 1), (0, 1)]);
+    let order: Vec<Ticket> = std::iter::from_fn(|| q.release(T0).map(|h| h.ticket)).collect();
+    assert_eq!(order, vec![hi, mid, old_low]);
+}
+
+#[test]
+fn eviction_picks_newest_across_fair_lanes() {
+    let mut q = FlowQueue::new(limits(2, 1000));
+    let r = |tenant| Request {
+        priority: 0,
+        tenant,
+        fair_weight: Some(1),
+        tokens: 10,
+    };
+    let first = held(q.enqueue(r("a"), T0));
+    let newest = held(q.enqueue(r("b"), T0));
+    match q.enqueue(fifo(1), T0) {
+        Admission::HeldEvicting { evicted, .. } => assert_eq!(evicted, newest),
+        other => panic!("expected an eviction, got {other:?}"),
+    }
+    assert!(q.contains(first));
+}
+
+#[test]
+fn cancel_leaves_at_once_and_only_once() {
+    let mut q = FlowQueue::new(limits(10, 1000));
+    let a = held(q.enqueue(fifo(0), T0));
+    let b = held(q.enqueue(fifo(0), T0));
+    assert!(q.cancel(a));
+    assert!(!q.cancel(a));
+    assert_eq!(q.len(), 1);
+    assert_eq!(q.depth_by_band(), vec![(0, 1)]);
+    assert_eq!(q.release(T0).unwrap().ticket, b);
+    assert!(!q.cancel(b));
+    assert!(q.depth_by_band().is_empty());
+    // A cancelled request no longer times out.
+    assert!(q.expire(T0.plus(Duration::from_secs(10))).is_empty());
+}
+
+#[test]
+fn retry_after_is_one_queue_wait_rounded_up() {
+    assert_eq!(limits(1, 100).retry_after_secs(), 1);
+    assert_eq!(limits(1, 2500).retry_after_secs(), 3);
+    assert_eq!(ShedReason::QueueFull.as_str(), "queue-full");
+    assert_eq!(ShedReason::QueueTimeout.as_str(), "queue-timeout");
+    assert_eq!(ShedReason::Priority.as_str(), "priority");
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Enqueue {
+        priority: i64,
+        tenant: u8,
+        fair: bool,
+        tokens: u64,
+    },
+    Release,
+    Cancel(usize),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (-2i64..3, 0u8..3, any::<bool>(), 1u64..2000).prop_map(
+            |(priority, tenant, fair, tokens)| {
+                Op::Enqueue {
+                    priority,
+                    tenant,
+                    fair,
+                    tokens,
+                }
+            }
+        ),
+        Just(Op::Release),
+        (0usize..64).prop_map(Op::Cancel),
+        (0u64..300).prop_map(Op::Advance),
+    ]
+}
+
+proptest! {
+    /// Whatever happens: the queue never exceeds its bound, its depth metric adds
+    /// up, a release is always from the highest band held, and every ticket ends
+    /// exactly once (released, cancelled, expired or shed).
+    #[test]
+    fn invariants_hold_under_any_sequence(ops in proptest::collection::vec(op(), 1..200)) {
+        let names = ["a", "b", "c"];
+        let mut q = FlowQueue::new(limits(8, 500));
+        let mut now = T0;
+        let mut live: Vec<(Ticket, i64)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Enqueue { priority, tenant, fair, tokens } => {
+                    let req = Request {
+                        priority,
+                        tenant: names[tenant as usize],
+                        fair_weight: fair.then_some(u32::from(tenant) + 1),
+                        tokens,
+                    };
+                    match q.enqueue(req, now) {
+                        Admission::Held(t) => live.push((t, priority)),
+                        Admission::HeldEvicting { held, evicted } => {
+                            let pos = live.iter().position(|(t, _)| *t == evicted);
+                            prop_assert!(pos.is_some());
+                            let (_, p) = live.remove(pos.unwrap_or(0));
+                            prop_assert!(live.iter().all(|(_, q)| *q >= p));
+                            prop_assert!(p < priority);
+                            live.push((held, priority));
+                        }
+                        Admission::Shed => {
+                            prop_assert_eq!(q.len(), 8);
+                            prop_assert!(live.iter().all(|(_, p)| *p >= priority));
+                        }
+                    }
+                }
+                Op::Release => match q.release(now) {
+                    Some(h) => {
+                        let top = live.iter().map(|(_, p)| *p).max();
+                        prop_assert_eq!(Some(h.priority), top);
+                        let pos = live.iter().position(|(t, _)| *t == h.ticket);
+                        prop_assert!(pos.is_some());
+                        live.remove(pos.unwrap_or(0));
+                    }
+                    None => prop_assert!(live.is_empty()),
+                },
+                Op::Cancel(i) => {
+                    if !live.is_empty() {
+                        let (t, _) = live.remove(i % live.len());
+                        prop_assert!(q.cancel(t));
+                    }
+                }
+                Op::Advance(ms) => {
+                    now = now.plus(Duration::from_millis(ms));
+                    for t in q.expire(now) {
+                        let pos = live.iter().position(|(x, _)| *x == t);
+                        prop_assert!(pos.is_some());
+                        live.remove(pos.unwrap_or(0));
+                    }
+                }
+            }
+            prop_assert!(q.len() <= 8);
+            prop_assert_eq!(q.len(), live.len());
+            let depth: usize = q.depth_by_band().iter().map(|(_, n)| n).sum();
+            prop_assert_eq!(depth, live.len());
+        }
+    }
+}

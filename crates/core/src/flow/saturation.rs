@@ -1,0 +1,103 @@
+//! When is the fleet above capacity: the predicate that turns flow control on.
+//!
+//! A replica is saturated when the work queued at its engine — the engine's own
+//! waiting count plus what this fleet sent it since that report — reaches
+//! `max_waiting`, or when its KV cache is nearly full (`kv_usage_limit`) while
+//! anything waits there (a full cache with nothing waiting is a warm cache, not a
+//! busy one). Flow control holds a request only when every eligible replica is
+//! saturated: one replica with room means the decision sends it there as always.
+
+/// The load of one eligible replica, as the adapter reads it from the core's
+/// load signals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pressure {
+    /// The engine's last reported waiting count (0 when it never reported).
+    pub engine_waiting: u64,
+    /// Requests this fleet routed there since that report (or in flight, when the
+    /// engine does not report).
+    pub sent_since_report: u64,
+    /// The engine's KV cache usage 0..1, when reported.
+    pub kv_usage: Option<f64>,
+}
+
+/// The saturation thresholds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Thresholds {
+    pub max_waiting: u64,
+    pub kv_usage_limit: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            max_waiting: 8,
+            kv_usage_limit: 0.95,
+        }
+    }
+}
+
+impl Pressure {
+    pub fn waiting(&self) -> u64 {
+        self.engine_waiting.saturating_add(self.sent_since_report)
+    }
+
+    pub fn is_saturated(&self, t: &Thresholds) -> bool {
+        let waiting = self.waiting();
+        waiting >= t.max_waiting
+            || (waiting > 0 && self.kv_usage.is_some_and(|u| u >= t.kv_usage_limit))
+    }
+}
+
+/// Every eligible replica is saturated. An empty set is not saturation: with no
+/// eligible replica there is nothing to wait for, and the caller's own "no
+/// replica" answer applies.
+pub fn all_saturated<I>(replicas: I, t: &Thresholds) -> bool
+where
+    I: IntoIterator<Item = Pressure>,
+{
+    let mut any = false;
+    for p in replicas {
+        if !p.is_saturated(t) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(engine_waiting: u64, sent: u64, kv: Option<f64>) -> Pressure {
+        Pressure {
+            engine_waiting,
+            sent_since_report: sent,
+            kv_usage: kv,
+        }
+    }
+
+    #[test]
+    fn waiting_counts_engine_report_plus_what_was_sent_since() {
+        let t = Thresholds::default();
+        assert!(!p(7, 0, None).is_saturated(&t));
+        assert!(p(7, 1, None).is_saturated(&t));
+        assert!(p(0, 8, None).is_saturated(&t));
+    }
+
+    #[test]
+    fn full_kv_cache_saturates_only_with_work_waiting() {
+        let t = Thresholds::default();
+        assert!(!p(0, 0, Some(0.99)).is_saturated(&t));
+        assert!(p(1, 0, Some(0.99)).is_saturated(&t));
+        assert!(!p(1, 0, Some(0.5)).is_saturated(&t));
+    }
+
+    #[test]
+    fn one_replica_with_room_means_not_saturated() {
+        let t = Thresholds::default();
+        assert!(all_saturated([p(9, 0, None), p(0, 9, None)], &t));
+        assert!(!all_saturated([p(9, 0, None), p(0, 1, None)], &t));
+        assert!(!all_saturated(std::iter::empty(), &t));
+    }
+}
