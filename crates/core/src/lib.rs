@@ -21,6 +21,7 @@ pub mod decision;
 pub mod fleet_routes;
 pub mod index;
 pub mod load;
+pub mod peer_ledger;
 pub mod policy;
 pub mod recent_routes;
 pub mod router;
