@@ -27,6 +27,7 @@ pub mod body;
 pub mod drain;
 pub mod engine_metrics;
 pub mod ext_proc;
+pub mod fleet;
 pub mod grpc;
 pub mod ingest;
 pub mod kubernetes;

@@ -22,6 +22,7 @@ pub mod fleet_routes;
 pub mod flow;
 pub mod index;
 pub mod load;
+pub mod peer_ledger;
 pub mod policy;
 pub mod recent_routes;
 pub mod router;
