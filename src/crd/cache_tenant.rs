@@ -65,8 +65,19 @@ pub struct CacheTenantSpec {
 
     /// Reserved for future cryptographic isolation settings; kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    #[schemars(schema_with = "kept_as_given")]
     pub crypto: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// An object the apiserver stores whole: `x-kubernetes-preserve-unknown-fields`
+/// and no `additionalProperties` (a value schema there, even `true`, makes the
+/// apiserver prune the contents of nested objects).
+fn kept_as_given(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 /// `spec.quota`.

@@ -121,8 +121,13 @@ fn walk(schema: &Value, value: &Value, path: &str, out: &mut Vec<Violation>) {
                     }
                 }
             }
+            // Preserved unknown fields stay whole only where no
+            // `additionalProperties` schema applies to the values: the apiserver
+            // prunes the values by that schema (`true` is the empty schema, which
+            // keeps scalars and strips the contents of nested objects).
             if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
                 && schema.get("properties").is_none()
+                && schema.get("additionalProperties").is_none()
             {
                 return;
             }
@@ -135,7 +140,9 @@ fn walk(schema: &Value, value: &Value, path: &str, out: &mut Vec<Violation>) {
                 match (props.and_then(|p| p.get(key)), additional) {
                     (Some(s), _) => walk(s, v, &join(path, key), out),
                     (None, Some(a)) if a.is_object() => walk(a, v, &join(path, key), out),
-                    (None, Some(Value::Bool(true))) => {}
+                    (None, Some(Value::Bool(true))) => {
+                        walk(&Value::Object(Default::default()), v, &join(path, key), out)
+                    }
                     (None, _)
                         if schema.get("x-kubernetes-preserve-unknown-fields")
                             == Some(&Value::Bool(true)) => {}
@@ -230,6 +237,32 @@ mod tests {
     fn policy(spec: Value) -> Value {
         json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CachePolicy",
                "metadata": {"name": "p"}, "spec": spec})
+    }
+
+    #[test]
+    fn a_value_schema_beside_preserved_fields_prunes_nested_contents() {
+        // The apiserver's pruning: `additionalProperties: true` is the empty
+        // schema, which keeps scalars and drops the fields of nested objects.
+        let schema = json!({"type": "object", "properties": {"c": {
+            "type": "object", "additionalProperties": true,
+            "x-kubernetes-preserve-unknown-fields": true}}});
+        let v = validate(&schema, &json!({"c": {"mode": "x", "nested": {"keyRef": "k"}}}));
+        let text: Vec<String> = v.iter().map(ToString::to_string).collect();
+        assert_eq!(text, vec!["c.nested.keyRef: unknown field"], "{text:?}");
+        let kept = json!({"type": "object", "properties": {"c": {
+            "type": "object", "x-kubernetes-preserve-unknown-fields": true}}});
+        assert!(validate(&kept, &json!({"c": {"nested": {"keyRef": "k"}}})).is_empty());
+    }
+
+    #[test]
+    fn tenant_crypto_keeps_nested_objects_whole() {
+        use crate::crd::cache_tenant::CacheTenant;
+        let v = check::<CacheTenant>(json!({
+            "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheTenant",
+            "metadata": {"name": "t"},
+            "spec": {"tenantID": "acme", "crypto": {"nested": {"keyRef": {"name": "k"}}}},
+        }));
+        assert!(v.is_empty(), "{v:?}");
     }
 
     #[test]
