@@ -93,7 +93,7 @@ impl Default for IndexConfig {
     }
 }
 
-/// Where a request's scope stands in the index (contract §4 step 6).
+/// Where a request's scope stands in the index (docs/decision.md, "The steps", step 6).
 pub(crate) enum Classified {
     GloballyEmpty,
     UnknownTenant,

@@ -73,17 +73,17 @@ impl SpillCheck {
     }
 }
 
-/// The seed's candidates for one request, from which the walk is built only when
+/// The cache pick's candidates for one request, from which the walk is built only when
 /// a spill needs it (most decisions stop at the pick).
 pub(crate) struct Candidates<'a> {
-    /// The seed's rows, the pick first (one row for TENANT_HOT and affinity).
+    /// The cache pick's rows, the pick first (one row for TENANT_HOT and affinity).
     pub rows: &'a [Row],
     /// PREFIX_MATCH: survivors holding only the common prefix are walked like
     /// any other replica.
     pub prefix_match: bool,
     /// The pick's deepest matched block (a chain PREFIX_MATCH), else `None`.
     pub deepest: Option<u64>,
-    /// The request's affinity seed (its last block, else its legacy prefix).
+    /// The request's affinity seed (its last block, else its exact-prefix key).
     pub request_seed: u64,
     /// The request's prompt tokens.
     pub requested: u64,
@@ -199,7 +199,7 @@ impl Candidates<'_> {
     }
 }
 
-/// `None`: keep the seed's answer.
+/// `None`: keep the cache pick.
 pub(crate) fn place(
     serving: &ServingSet,
     candidates: &Candidates<'_>,
@@ -399,7 +399,7 @@ fn by_share(signals: &Signals<'_>, candidates: &Candidates<'_>) -> Option<Spill>
 
 /// Below this mean of recent requests per serving replica (about one a second
 /// each, at a 10 s half-life) the share bound stays out: a trickle of requests
-/// needs no balancing, and a quiet fleet keeps every answer the seed's.
+/// needs no balancing, and a quiet fleet keeps every answer the cache pick's.
 pub(crate) const SHARE_MIN_MEAN: f64 = 16.0;
 
 /// A pick the request starts on within this many prefill tokens (its own beyond

@@ -1,4 +1,4 @@
-//! One index entry: a distinct block hash (or legacy prefix hash) in a scope, the
+//! One index entry: a distinct block hash (or exact-prefix hash) in a scope, the
 //! replicas holding it with per-replica reference counts, its lastSeen stamp and
 //! its access count.
 //!

@@ -1,5 +1,5 @@
 //! The chain walk of a lookup: for every serving replica, how many leading blocks
-//! of the request chain it holds (m_r of contract §4 step 7).
+//! of the request chain it holds (m_r of docs/decision.md, "The steps", step 7).
 //!
 //! `alive` is the set of replicas holding the whole run so far, as a bitset over
 //! replica slots: each block costs one AND (shared blocks carry a slot mask, see

@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 pub const PENDING_TTL_NANOS: u64 = 5_000_000_000;
 
 /// Blocks pending per scope at most; past it new chains are not recorded (the
-/// worst case is the seed's behaviour, never unbounded memory).
+/// worst case is the cache pick's behaviour, never unbounded memory).
 pub const MAX_PENDING_BLOCKS: usize = 1 << 16;
 
 /// block hash → the slots it is pending for, each with its expiry (ns).

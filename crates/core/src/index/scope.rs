@@ -48,7 +48,7 @@ use super::store::{
 use super::view::Counters;
 use crate::scope::ScopeKey;
 
-/// The shard legacy prefix entries live in (they form no chains).
+/// The shard exact-prefix entries live in (they form no chains).
 const PREFIX_SHARD: usize = 0;
 
 /// What brought a replica in: KV events move its lastEventAt, stats do not.
@@ -58,7 +58,7 @@ pub(crate) enum Touch {
     Stats,
 }
 
-/// The result of matching a legacy prefix.
+/// The result of matching an exact-prefix key.
 pub(crate) struct PrefixMatch {
     /// Serving members holding the prefix.
     pub holders: SmallVec<[u16; 32]>,
@@ -926,7 +926,7 @@ impl ScopeIndex {
         Ok(out)
     }
 
-    /// The serving members holding a legacy prefix, and its stored token count.
+    /// The serving members holding an exact-prefix key, and its stored token count.
     pub(crate) fn match_prefix(
         &self,
         prefix: &str,
@@ -970,7 +970,7 @@ impl ScopeIndex {
         });
     }
 
-    /// LFU: one access to a legacy prefix entry.
+    /// LFU: one access to an exact-prefix key entry.
     pub(crate) fn credit_prefix(&self, prefix: &str) {
         if let Some(p) = self.shards[PREFIX_SHARD].read().prefixes.get(prefix) {
             p.entry.credit();

@@ -134,7 +134,7 @@ pub(crate) struct Run {
     live: u32,
 }
 
-/// A legacy exact-prefix entry: an entry plus the token count it covers.
+/// A exact-prefix entry: an entry plus the token count it covers.
 #[derive(Debug)]
 pub(crate) struct PrefixEntry {
     pub entry: Entry,
@@ -718,7 +718,7 @@ impl Store {
             cursor.run += 1;
             cursor.off = 0;
         }
-        // Prefixes (legacy exact-prefix keys, few in practice) are resumed by
+        // Prefixes (exact-prefix keys, few in practice) are resumed by
         // position, which costs a skip per chunk.
         let mut rest = self.prefixes.iter().skip(cursor.prefix).peekable();
         while rest.peek().is_some() {
@@ -807,7 +807,7 @@ impl EntryKeyRef<'_> {
     }
 }
 
-/// A fixed (process-independent) hash of a legacy prefix string: seeds affinity so
+/// A fixed (process-independent) hash of an exact-prefix key string: seeds affinity so
 /// the same prompt pins the same replica on every sidecar.
 pub fn prefix_seed(prefix: &str) -> u64 {
     foldhash::fast::FixedState::with_seed(0x1e6a_c9e0_0000_0001).hash_one(prefix)

@@ -1,4 +1,4 @@
-//! Tests of the index (contract §3 and §6): victim order, TTL, quota, the cap
+//! Tests of the index (docs/reference.md, "Scopes, replicas, entries" and "Eviction and quota"): victim order, TTL, quota, the cap
 //! sweep, clears and replica removal, reference counts, malformed events and the
 //! `/snapshot` view. `props` checks the same rules over random event sequences
 //! against a naive model.
@@ -714,7 +714,7 @@ fn the_probe_tenant_is_hidden_from_the_view() {
     assert_eq!(v.replicas.len(), 1);
 }
 
-// ----- registration freshness and lastEventAt (contract §3) -----
+// ----- registration freshness and lastEventAt (docs/reference.md, "Scopes, replicas, entries") -----
 
 #[test]
 fn registration_stays_fresh_on_events_without_an_endpoint() {

@@ -11,7 +11,7 @@ use super::*;
 const REPLICAS: [&str; 3] = ["r0", "r1", "r2"];
 
 /// Two chains of four blocks: hashes 0..4 and 4..8. Stored runs are stretches
-/// of one chain with their parent, as engines send them (contract §2: a run
+/// of one chain with their parent, as engines send them (docs/reference.md, "gRPC API": a run
 /// without a parent starts at block 0), in any order, so a run can arrive
 /// before its parent (an orphan) and its parent later.
 const CHAIN_LEN: u64 = 4;
