@@ -246,7 +246,10 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"c": {
             "type": "object", "additionalProperties": true,
             "x-kubernetes-preserve-unknown-fields": true}}});
-        let v = validate(&schema, &json!({"c": {"mode": "x", "nested": {"keyRef": "k"}}}));
+        let v = validate(
+            &schema,
+            &json!({"c": {"mode": "x", "nested": {"keyRef": "k"}}}),
+        );
         let text: Vec<String> = v.iter().map(ToString::to_string).collect();
         assert_eq!(text, vec!["c.nested.keyRef: unknown field"], "{text:?}");
         let kept = json!({"type": "object", "properties": {"c": {
