@@ -24,7 +24,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TRY = REPO / "examples/demo/try.sh"
 # Envoy, the sidecar's three listeners, the engines' HTTP, KV event and replay ports.
-PORTS = (10000, 9090, 50051, 50052, 18001, 18002, 18003, 18011, 18012, 18013, 18021, 18022, 18023)
+PORTS = (10000, 9090, 18051, 18052, 18001, 18002, 18003, 18011, 18012, 18013, 18021, 18022, 18023)
 READY_LINE = "Ctrl-C stops everything."
 # A cold clone builds both binaries first.
 START_TIMEOUT_S = 900

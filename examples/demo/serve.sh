@@ -53,12 +53,18 @@ for i in 1 2 3; do
     --kv-replay "tcp://127.0.0.1:1802$i" --tokenizer "$tok_dir" \
     >"$run_dir/$id.log" 2>&1 & pids+=($!)
 done
+# The sidecar's gRPC and ingest listeners sit below Linux's ephemeral port range
+# (32768-60999; the defaults 50051/50052 are inside it), so an outbound connection
+# elsewhere on the machine can never hold the port the demo needs.
 "$bin/inferencecache" serve --config examples/demo/policy.yaml \
-  --grpc-addr 127.0.0.1:50051 --ingest-addr 127.0.0.1:50052 --admin-addr 127.0.0.1:9090 \
+  --grpc-addr 127.0.0.1:18051 --ingest-addr 127.0.0.1:18052 --admin-addr 127.0.0.1:9090 \
   >"$run_dir/sidecar.log" 2>&1 & pids+=($!)
 # envoy/override-host.yaml, with the request body sent to the sidecar (body mode).
-sed 's/request_body_mode: NONE/request_body_mode: BUFFERED/' envoy/override-host.yaml \
+sed -e 's/request_body_mode: NONE/request_body_mode: BUFFERED/' \
+  -e 's/port_value: 50051/port_value: 18051/' envoy/override-host.yaml \
   >"$run_dir/envoy.yaml"
+grep -q 'port_value: 18051' "$run_dir/envoy.yaml" || {
+  echo "envoy/override-host.yaml has no sidecar port_value: 50051 to move" >&2; exit 1; }
 grep -q 'request_body_mode: BUFFERED' "$run_dir/envoy.yaml" || {
   echo "envoy/override-host.yaml has no request_body_mode: NONE to turn on" >&2; exit 1; }
 "$ENVOY_BIN" -c "$run_dir/envoy.yaml" --log-level warn --disable-hot-restart \
