@@ -24,6 +24,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TRY = REPO / "examples/demo/try.sh"
 # Envoy, the sidecar's three listeners, the engines' HTTP, KV event and replay ports.
+# How long a test waits, as a person would, between a first answer and its repeat.
+KV_EVENTS_SETTLE_S = 1.0
 PORTS = (10000, 9090, 18051, 18052, 18001, 18002, 18003, 18011, 18012, 18013, 18021, 18022, 18023)
 READY_LINE = "Ctrl-C stops everything."
 # A cold clone builds both binaries first.
@@ -102,7 +104,11 @@ def test_the_readme_curl_twice_is_a_prefix_match_with_cached_tokens(demo):
         assert command in (REPO / doc).read_text(), f"{doc} does not quote examples/demo/try.sh"
     assert command in printed, printed
 
+    # A person sends the second request seconds after the first; the engine's KV
+    # events reach the sidecar asynchronously (milliseconds later), so the test
+    # leaves them that time too before asking for the cached prefix.
     first_headers, first = send_try()
+    time.sleep(KV_EVENTS_SETTLE_S)
     second_headers, second = send_try()
     served_first = first_headers["x-sim-replica"]
     assert first["object"] == "chat.completion", first
@@ -126,8 +132,9 @@ def test_the_readme_curl_twice_is_a_prefix_match_with_cached_tokens(demo):
         timeout=30,
     )
     messages = [{"role": "user", "content": "Which replica holds my prompt's KV blocks, and why does it matter?"}]
-    answers = [client.chat.completions.with_raw_response.create(model="llama-3.2", messages=messages) for _ in range(2)]
-    sdk_first, sdk_second = answers
+    sdk_first = client.chat.completions.with_raw_response.create(model="llama-3.2", messages=messages)
+    time.sleep(KV_EVENTS_SETTLE_S)
+    sdk_second = client.chat.completions.with_raw_response.create(model="llama-3.2", messages=messages)
     assert sdk_second.headers["x-inferencecache-reason"] == "PREFIX_MATCH", dict(sdk_second.headers)
     assert sdk_second.headers["x-inferencecache-replica"] == sdk_first.headers["x-sim-replica"]
     completion = sdk_second.parse()
