@@ -37,7 +37,6 @@ mod leading_run;
 mod lock;
 mod membership;
 mod pending;
-mod prefills;
 mod replica;
 pub mod scope;
 mod shard;
@@ -63,13 +62,12 @@ pub use event::{
 };
 pub use lock::contended_reads;
 pub use pending::{MAX_PENDING_BLOCKS, PENDING_TTL_NANOS};
-pub use prefills::MAX_PREFILLS;
 pub use replica::{ReplicaTable, replica_id_hash};
 pub use scope::ScopeIndex;
 pub use view::{CountersView, IndexView, ReplicaView, TenantEntries};
 
 pub(crate) use pending::Pending;
-pub(crate) use replica::{ReplicaLive, ServingSet};
+pub(crate) use replica::ServingSet;
 pub(crate) use store::prefix_seed;
 pub use tenant::TenantLimits;
 

@@ -18,13 +18,10 @@
 
 pub mod chain;
 pub mod decision;
-pub mod fleet_routes;
 pub mod flow;
 pub mod index;
 pub mod load;
-pub mod peer_ledger;
 pub mod policy;
-pub mod recent_routes;
 pub mod router;
 pub mod scope;
 pub mod selftest;

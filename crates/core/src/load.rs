@@ -1,228 +1,152 @@
-//! Load signals of a replica, read by the bounded-load rule
-//! (`decision/bounded_load.rs`).
+//! The load signals of a replica, read by the load rule
+//! (`decision/bounded_load.rs`), all in one [`ReplicaLoad`] per replica.
 //!
-//! Two sources, both kept in the replica's shared atomics so a decision reads no
-//! lock:
+//! ```text
+//!  ext_proc routes ──▶ Inflight ──▶ inflight, inflight_tokens, sent since report
+//!                         └──▶ Prefill ─ prefills.rs ◀── BlockStored (prefill ended)
+//!  ReportStats / scrapes ──▶ engine queue, waiting, report epoch
+//!                        └──▶ fleet_routes.rs (other sidecars, first-token counts)
+//!                                  └──▶ recent_routes.rs (share bound, decayed)
+//!  peer sidecars' facts ──▶ peer_ledger.rs
+//! ```
+//!
+//! Two sources, both kept in atomics so a decision reads no lock:
 //! - the sidecar's own accounting: every request routed on the ext_proc path is
-//!   counted against its replica until its prefill ends, so decisions made
-//!   milliseconds apart see each other with no engine cooperation. Its uncached
-//!   prompt tokens (the prefill backlog) are let go as soon as the engine's own
-//!   events store the request's last block (`index/prefills.rs`): a non-streamed
-//!   completion's response headers come only after its decode. The request
-//!   itself is let go by that same event when the replica's event feed and queue
-//!   report are live ([`Inflight::ends_with_prefill`]: Envoy then need not send
-//!   the response headers, a round trip on every response; the request, still
-//!   decoding, stays in "sent since the last report" until the engine's next
-//!   report counts it), else when the adapter drops its [`Inflight`] (response
-//!   headers, stream end, or its age-out timer);
+//!   counted against its replica until its prefill ends (`inflight.rs`), so
+//!   decisions made milliseconds apart see each other with no engine
+//!   cooperation;
 //! - the engine's own waiting + running count (ReportStats, scraped metrics), the
 //!   shared truth when several sidecars route to the same engines, plus the
 //!   requests this sidecar sent since that report, ignored once older than the
 //!   policy's `statsMaxAge`.
+//!
+//! This module knows nothing of the index: the index keeps one
+//! `Arc<ReplicaLoad>` per replica beside its event-path values and hands it to
+//! the decision and to each [`Inflight`].
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+mod fleet_routes;
+mod inflight;
+pub mod peer_ledger;
+mod prefills;
+mod recent_routes;
 
-use crate::index::ReplicaLive;
-use crate::time::Timestamp;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// How long a routed request may count as in flight with no sign of its end (no
-/// response headers, no event storing its last block): a lost stream or event
-/// must never inflate a replica's load for good.
-pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
+pub use fleet_routes::FleetRoutes;
+pub(crate) use inflight::Prefill;
+pub use inflight::{EVENT_FEED_LIVE, INFLIGHT_AGE_OUT, Inflight};
+pub use prefills::MAX_PREFILLS;
+pub(crate) use prefills::Prefills;
+pub use recent_routes::{HALF_LIFE, RecentRoutes};
 
-/// A replica whose engine sent an event this recently has a live event feed: the
-/// end of a request's prefill will be seen, so the request may be let go by it.
-pub const EVENT_FEED_LIVE: Duration = Duration::from_secs(10);
-
-/// One routed request counted against its replica until dropped.
-///
-/// Dropping it releases the count exactly once, so every exit path of the
-/// adapter (response headers, stream error, timeout) releases by construction;
-/// unless the count was handed to the request's prefill ticket
-/// ([`Inflight::ends_with_prefill`]), which then releases it instead.
-#[derive(Debug)]
-pub struct Inflight {
-    live: Arc<ReplicaLive>,
-    /// `None` when the request brought no uncached tokens: nothing to let go
-    /// early, so no ticket is allocated (most requests of a warm fleet).
-    prefill: Option<Arc<Prefill>>,
-    tokens: u64,
-    /// The replica's report epoch at admission (see `ReplicaLive::report_epoch`).
-    epoch: u64,
-    /// The count is no longer this guard's (its prefill ticket carries it, or it
-    /// had no prefill to wait for): dropping this does nothing.
-    handed_over: bool,
+/// One replica's load signals, shared by every version of its scope's replica
+/// table and by the [`Inflight`] guards of the requests routed there.
+#[derive(Debug, Default)]
+pub struct ReplicaLoad {
+    /// Requests this sidecar routed here (ext_proc) whose prefill has not ended,
+    /// and their uncached prompt tokens: see [`Inflight`].
+    pub(crate) inflight: AtomicU64,
+    pub(crate) inflight_tokens: AtomicU64,
+    /// The engine's own waiting + running count from its last report (ReportStats
+    /// or a metrics scrape) and when it came, ns (0 = never).
+    engine_queue: AtomicU64,
+    engine_queue_at: AtomicU64,
+    /// The waiting part of that report: a request sent there now queues behind
+    /// them, whatever its own prefill (the load rule's quick start).
+    engine_waiting: AtomicU64,
+    /// Bumped by every engine report: tells a request admitted before the report
+    /// (which the engine's count already includes) from one admitted after.
+    pub(crate) report_epoch: AtomicU64,
+    /// Requests this sidecar admitted here since the last report and still in
+    /// flight: the engine's count cannot include them yet.
+    pub(crate) inflight_since_report: AtomicU64,
+    /// Requests routed here lately (the share bound): this sidecar's, and
+    /// other sidecars' as the engine's scrapes show them.
+    pub(crate) recent: RecentRoutes,
+    /// What this sidecar sent here against what the engine shows started.
+    pub(crate) fleet: FleetRoutes,
 }
 
-/// The uncached prompt tokens one routed request brought to its replica, let go
-/// once: by the engine's event that stores its last block, or with its
-/// [`Inflight`], whichever comes first. It may also carry the request's count
-/// ([`Inflight::ends_with_prefill`]), let go with the tokens, or after
-/// [`INFLIGHT_AGE_OUT`] if the event never comes.
-#[derive(Debug)]
-pub(crate) struct Prefill {
-    live: Arc<ReplicaLive>,
-    tokens: AtomicU64,
-    /// Set before the ticket is shared (so no event can release it first).
-    request: AtomicBool,
-    admitted_at: Timestamp,
-}
-
-impl Prefill {
-    /// Takes the tokens off the replica's backlog, and the request's count if
-    /// this ticket carries it (then `true`); later calls do nothing.
-    pub fn release(&self) -> bool {
-        let n = self.tokens.swap(0, Ordering::Relaxed);
-        if n > 0 {
-            saturating_sub(&self.live.inflight_tokens, n);
+impl ReplicaLoad {
+    /// The load the bounded-load rule compares: the larger of this sidecar's
+    /// in-flight count and the engine's reported waiting + running plus what
+    /// this sidecar sent since (still in flight), the latter only while the
+    /// report is younger than `max_age` ns. The report is the only thing that
+    /// shows other sidecars' requests; adding our own since it keeps a sidecar
+    /// from reading an engine it just filled as idle until the next scrape.
+    pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
+        let own = self.inflight.load(Ordering::Relaxed);
+        if !self.report_is_fresh(now, max_age) {
+            return own;
         }
-        // The request's prefill is over, not the request: it decodes on, so it
-        // stays in "sent since the last report" until the engine's next report,
-        // which counts it while it runs (see `ReplicaLive::current_load`).
-        let carried = self.request.swap(false, Ordering::Relaxed);
-        if carried {
-            saturating_sub(&self.live.inflight, 1);
+        let since = self.inflight_since_report.load(Ordering::Relaxed);
+        own.max(
+            self.engine_queue
+                .load(Ordering::Relaxed)
+                .saturating_add(since),
+        )
+    }
+
+    /// Records the engine's reported queue (ReportStats, scrapes).
+    pub fn set_engine_queue(&self, waiting: u64, running: u64, at: u64) {
+        self.engine_queue
+            .store(waiting.saturating_add(running), Ordering::Relaxed);
+        self.engine_waiting.store(waiting, Ordering::Relaxed);
+        self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
+        self.report_epoch.fetch_add(1, Ordering::Relaxed);
+        self.inflight_since_report.store(0, Ordering::Relaxed);
+    }
+
+    /// When the engine's last queue report came, ns; 0 = never.
+    pub fn engine_queue_at(&self) -> u64 {
+        self.engine_queue_at.load(Ordering::Relaxed)
+    }
+
+    /// The engine's reported waiting requests; 0 without a report younger
+    /// than `max_age`.
+    pub fn engine_waiting(&self, now: u64, max_age: u64) -> u64 {
+        if !self.report_is_fresh(now, max_age) {
+            return 0;
         }
-        carried
+        self.engine_waiting.load(Ordering::Relaxed)
     }
 
-    /// Still counted (not yet released).
-    pub fn is_open(&self) -> bool {
-        self.tokens.load(Ordering::Relaxed) > 0 || self.request.load(Ordering::Relaxed)
+    /// Requests this sidecar routed here whose prefill has not ended.
+    pub fn inflight_requests(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Carries a request's count that has waited for its event too long.
-    pub fn is_overdue(&self, now: Timestamp) -> bool {
-        self.request.load(Ordering::Relaxed)
-            && now.as_nanos().saturating_sub(self.admitted_at.as_nanos())
-                >= INFLIGHT_AGE_OUT.as_nanos() as u64
+    /// The uncached prompt tokens of those requests (the prefill backlog).
+    pub fn inflight_tokens(&self) -> u64 {
+        self.inflight_tokens.load(Ordering::Relaxed)
     }
 
-    /// Carries the request's count (see [`Inflight::ends_with_prefill`]).
-    pub fn carries_request(&self) -> bool {
-        self.request.load(Ordering::Relaxed)
+    /// The decayed count of requests routed here lately, at `now` ns.
+    pub fn recent_requests(&self, now: u64) -> f64 {
+        self.recent.at(now)
     }
-}
 
-/// One request off a replica's count. One admitted before the engine's last
-/// report is in the engine's count, not in "sent since".
-fn release_request(live: &ReplicaLive, epoch: u64) {
-    saturating_sub(&live.inflight, 1);
-    if live.report_epoch.load(Ordering::Relaxed) == epoch {
-        saturating_sub(&live.inflight_since_report, 1);
-    }
-}
-
-fn saturating_sub(c: &AtomicU64, n: u64) {
-    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-        Some(v.saturating_sub(n))
-    });
-}
-
-impl Inflight {
-    pub(crate) fn begin(live: Arc<ReplicaLive>, uncached_tokens: u64, now: Timestamp) -> Self {
-        live.inflight.fetch_add(1, Ordering::Relaxed);
-        live.inflight_tokens
-            .fetch_add(uncached_tokens, Ordering::Relaxed);
-        let epoch = live.report_epoch.load(Ordering::Relaxed);
-        live.inflight_since_report.fetch_add(1, Ordering::Relaxed);
-        if now.as_nanos() > 0 {
-            live.recent.note(now.as_nanos());
-            live.fleet.note_sent();
-        }
-        let prefill = (uncached_tokens > 0).then(|| {
-            Arc::new(Prefill {
-                live: live.clone(),
-                tokens: AtomicU64::new(uncached_tokens),
-                request: AtomicBool::new(false),
-                admitted_at: now,
-            })
-        });
-        Self {
-            live,
-            prefill,
-            tokens: uncached_tokens,
-            epoch,
-            handed_over: false,
+    /// The engine's count of requests that reached their first token: what it
+    /// grew by beyond this sidecar's own requests counts as other sidecars'
+    /// routes in the share bound (`fleet_routes.rs`).
+    pub fn note_first_tokens(&self, total: u64, at: u64) {
+        let others = self.fleet.others_in(total);
+        if others > 0 {
+            self.recent.note_many(others, at);
         }
     }
 
-    /// Whether the request is let go by the engine's event that stores its last
-    /// block (or after [`INFLIGHT_AGE_OUT`]), not when this is dropped: the
-    /// adapter need not wait for the response to end it.
-    pub fn ends_with_prefill(&self) -> bool {
-        self.handed_over
+    /// Forgets the routing history (the replica's cache was cleared): the share
+    /// bound and the fleet tally start again.
+    pub(crate) fn reset_routes(&self) {
+        self.recent.reset();
+        self.fleet.reset();
     }
 
-    /// Hands the request's count to its prefill ticket, which must not be shared
-    /// yet (`Router::admit_until_prefill_end` calls this just before tracking it). `false` when
-    /// there is no ticket.
-    pub(crate) fn hand_to_prefill(&mut self) -> bool {
-        match &self.prefill {
-            Some(p) if Arc::strong_count(p) == 1 => {
-                p.request.store(true, Ordering::Relaxed);
-                self.handed_over = true;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The request has no prefill to wait for (every block cached): it leaves
-    /// this sidecar's in-flight count now and stays in "sent since the last
-    /// report" until the engine's next report, as a request past its prefill
-    /// does. Nothing happens when it has a prefill ticket.
-    pub(crate) fn end_prefill_now(&mut self) {
-        if self.prefill.is_none() && !self.handed_over {
-            saturating_sub(&self.live.inflight, 1);
-            self.handed_over = true;
-        }
-    }
-
-    /// Takes the count back from an untracked ticket (still not shared).
-    pub(crate) fn take_back(&mut self) {
-        if let Some(p) = &self.prefill {
-            p.request.store(false, Ordering::Relaxed);
-        }
-        self.handed_over = false;
-    }
-
-    /// Whether the replica's engine shows both ends of a request: its events are
-    /// live (an event within [`EVENT_FEED_LIVE`], so the end of the prefill will
-    /// be seen) and its queue report is younger than `stats_max_age` ns (so a
-    /// request still decoding after its prefill stays in the load the rule reads).
-    pub(crate) fn engine_is_live(&self, now: Timestamp, stats_max_age: u64) -> bool {
-        let now = now.as_nanos();
-        let within = |at: u64, age: u64| at > 0 && now.saturating_sub(at) <= age;
-        within(self.live.last_event_at(), EVENT_FEED_LIVE.as_nanos() as u64)
-            && within(
-                self.live.engine_queue_at.load(Ordering::Relaxed),
-                stats_max_age,
-            )
-    }
-
-    /// The uncached prompt tokens this request brought to its replica.
-    pub fn uncached_tokens(&self) -> u64 {
-        self.tokens
-    }
-
-    /// The request's prefill backlog, for the index to let go when the engine
-    /// stores the request's last block; `None` when it has none.
-    pub(crate) fn prefill(&self) -> Option<&Arc<Prefill>> {
-        self.prefill.as_ref()
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        if self.handed_over {
-            return;
-        }
-        release_request(&self.live, self.epoch);
-        if let Some(p) = &self.prefill {
-            p.release();
-        }
+    /// Whether the engine's last queue report exists and is at most `max_age` ns
+    /// old: a stale report is ignored, never trusted forever.
+    fn report_is_fresh(&self, now: u64, max_age: u64) -> bool {
+        let at = self.engine_queue_at.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) <= max_age
     }
 }

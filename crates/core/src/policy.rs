@@ -298,7 +298,7 @@ pub struct LoadBalancing {
     /// see that a replica has two full prefills queued.
     pub prefill_slack_tokens: u32,
     /// How far above the scope's mean a replica's share of the requests this
-    /// sidecar routed lately (`recent_routes.rs`) may run, plus `slack`, before
+    /// sidecar routed lately (`load/recent_routes.rs`) may run, plus `slack`, before
     /// it counts as overloaded; zero = off. The request count sees only this
     /// moment, so a hot prefix's bursts could each fit it and still add up.
     pub share_factor: f64,

@@ -114,7 +114,7 @@ impl Router {
 
     /// The request of `decision` really goes to its pick (the ext_proc path): count
     /// it in flight there (see [`crate::load`]), wait for its last block so its
-    /// prefill backlog goes when the engine stores it (`index/prefills.rs`), and
+    /// prefill backlog goes when the engine stores it (`load/prefills.rs`), and
     /// record its chain as pending for that replica, so siblings arriving during
     /// its prefill land together (`index/pending.rs`). Nothing happens without a
     /// pick or with the load rule off, and a gRPC LookupRoute (a query) never
@@ -166,11 +166,12 @@ impl Router {
         let snapshot = self.snapshot.load();
         let balancing = &snapshot.tenant(req.tenant_id).policy.load_balancing;
         let ttl = balancing.pending_ttl_nanos();
+        let last_event_at = decision.pick_last_event_at();
         // Every block cached: its prefill (a partial last block at most) is over
         // within an engine step, and what follows is in the engine's next report.
         if until_prefill_end
             && inflight.prefill().is_none()
-            && inflight.engine_is_live(now, balancing.stats_max_age_nanos())
+            && inflight.engine_is_live(now, last_event_at, balancing.stats_max_age_nanos())
         {
             inflight.end_prefill_now();
         }
@@ -187,7 +188,7 @@ impl Router {
                 // Handed over before the ticket is shared: an event storing
                 // `last` right after `track` finds it carrying the request.
                 let handed = until_prefill_end
-                    && inflight.engine_is_live(now, balancing.stats_max_age_nanos())
+                    && inflight.engine_is_live(now, last_event_at, balancing.stats_max_age_nanos())
                     && inflight.hand_to_prefill();
                 let tracked = inflight
                     .prefill()

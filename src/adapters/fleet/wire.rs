@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::peer_ledger::{Fact, Message};
+use crate::core::load::peer_ledger::{Fact, Message};
 
 /// The format version this sidecar writes and reads.
 pub const VERSION: u32 = 1;

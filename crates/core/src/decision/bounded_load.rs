@@ -30,7 +30,6 @@
 //!   anywhere else too.
 
 use std::cell::OnceCell;
-use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
@@ -246,7 +245,7 @@ impl Signals<'_> {
         let max_age = self.lb.stats_max_age_nanos();
         self.serving
             .replica(m)
-            .map_or(0, |r| r.live.current_load(self.now, max_age))
+            .map_or(0, |r| r.live.load.current_load(self.now, max_age))
     }
 
     /// The uncached prompt tokens queued on `m`, less the ones the request
@@ -255,8 +254,8 @@ impl Signals<'_> {
     fn queued(&self, candidates: &Candidates<'_>, m: usize) -> u64 {
         self.serving.replica(m).map_or(0, |r| {
             r.live
-                .inflight_tokens
-                .load(Ordering::Relaxed)
+                .load
+                .inflight_tokens()
                 .saturating_sub(candidates.riding(m))
         })
     }
@@ -281,6 +280,7 @@ impl Signals<'_> {
         };
         let waiting = self.serving.replica(pick.member).map_or(0, |r| {
             r.live
+                .load
                 .engine_waiting(self.now, self.lb.stats_max_age_nanos())
         });
         waiting == 0
@@ -292,7 +292,7 @@ impl Signals<'_> {
     fn recent_of(&self, m: usize) -> f64 {
         self.serving
             .replica(m)
-            .map_or(0.0, |r| r.live.recent.at(self.now))
+            .map_or(0.0, |r| r.live.load.recent_requests(self.now))
     }
 }
 

@@ -194,7 +194,16 @@ impl Decision {
         let row = self.rows.first()?;
         let replica = self.replicas.as_deref()?.get(row.slot)?;
         let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
-        Some(Inflight::begin(replica.live.clone(), uncached, now))
+        Some(Inflight::begin(replica.live.load.clone(), uncached, now))
+    }
+
+    /// The picked replica's last event of any kind, ns; 0 without a pick or an
+    /// event.
+    pub(crate) fn pick_last_event_at(&self) -> u64 {
+        self.rows
+            .first()
+            .and_then(|row| self.replicas.as_deref()?.get(row.slot))
+            .map_or(0, |r| r.live.last_event_at())
     }
 
     /// The picked replica's slot in its scope's table.

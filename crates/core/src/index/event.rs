@@ -121,7 +121,7 @@ pub struct ReplicaStats {
     pub kv_cache_usage: f64,
     /// The engine's count of requests that reached their first token since it
     /// started (a scrape of its TTFT histogram), when known: what other
-    /// sidecars route there shows up in it (`fleet_routes.rs`).
+    /// sidecars route there shows up in it (`load/fleet_routes.rs`).
     pub first_tokens_total: Option<u64>,
 }
 

@@ -236,16 +236,13 @@ impl Index {
             scope::Touch::Stats,
         );
         *live.stats.lock() = Some((report.stats, now));
-        live.set_engine_queue(
+        live.load.set_engine_queue(
             u64::from(report.stats.waiting_requests),
             u64::from(report.stats.running_requests),
             now.as_nanos(),
         );
         if let Some(total) = report.stats.first_tokens_total {
-            let others = live.fleet.others_in(total);
-            if others > 0 {
-                live.recent.note_many(others, now.as_nanos());
-            }
+            live.load.note_first_tokens(total, now.as_nanos());
         }
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! leaves or changes endpoint, which is rare. A lookup loads it once, lock-free,
 //! and its rows borrow ids and endpoints from it without copying strings. Values
 //! that change on every event (lastEventAt, prefixCount, registration time, stats)
-//! live in [`ReplicaLive`] atomics shared by every version of the table.
+//! live in [`ReplicaLive`] atomics shared by every version of the table, and its
+//! load signals in a [`ReplicaLoad`] beside them.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -16,8 +17,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::event::ReplicaStats;
-use crate::fleet_routes::FleetRoutes;
-use crate::recent_routes::RecentRoutes;
+use crate::load::ReplicaLoad;
 use crate::time::Timestamp;
 
 /// Stable, process-independent hash of a replica id for rendezvous hashing: two
@@ -36,29 +36,9 @@ pub(crate) struct ReplicaLive {
     /// Entries of the scope this replica holds.
     pub prefix_count: AtomicU64,
     pub stats: Mutex<Option<(ReplicaStats, Timestamp)>>,
-    /// Requests this sidecar routed here (ext_proc) whose prefill has not ended,
-    /// and their uncached prompt tokens: see [`crate::load::Inflight`].
-    pub inflight: AtomicU64,
-    pub inflight_tokens: AtomicU64,
-    /// The engine's own waiting + running count from its last report (ReportStats
-    /// or a metrics scrape) and when it came, ns (0 = never). Atomics, so the
-    /// decision's load rule reads no lock.
-    pub engine_queue: AtomicU64,
-    pub engine_queue_at: AtomicU64,
-    /// The waiting part of that report: a request sent there now queues behind
-    /// them, whatever its own prefill (the load rule's quick start).
-    pub engine_waiting: AtomicU64,
-    /// Bumped by every engine report: tells a request admitted before the report
-    /// (which the engine's count already includes) from one admitted after.
-    pub report_epoch: AtomicU64,
-    /// Requests this sidecar admitted here since the last report and still in
-    /// flight: the engine's count cannot include them yet.
-    pub inflight_since_report: AtomicU64,
-    /// Requests routed here lately (the share bound): this sidecar's, and
-    /// other sidecars' as the engine's scrapes show them.
-    pub recent: RecentRoutes,
-    /// What this sidecar sent here against what the engine shows started.
-    pub fleet: FleetRoutes,
+    /// The load signals the decision reads and each routed request's
+    /// [`Inflight`](crate::load::Inflight) counts against.
+    pub load: Arc<ReplicaLoad>,
 }
 
 impl ReplicaLive {
@@ -86,53 +66,8 @@ impl ReplicaLive {
         self.last_event_at.load(Ordering::Relaxed)
     }
 
-    /// The load the bounded-load rule compares (see [`crate::load`]): the larger of
-    /// this sidecar's in-flight count and the engine's reported waiting + running
-    /// plus what this sidecar sent since (still in flight), the latter only while
-    /// the report is younger than `max_age` ns. The report is the only thing that
-    /// shows other sidecars' requests; adding our own since it keeps a sidecar
-    /// from reading an engine it just filled as idle until the next scrape.
-    pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
-        let own = self.inflight.load(Ordering::Relaxed);
-        if !self.report_is_fresh(now, max_age) {
-            return own;
-        }
-        let since = self.inflight_since_report.load(Ordering::Relaxed);
-        own.max(
-            self.engine_queue
-                .load(Ordering::Relaxed)
-                .saturating_add(since),
-        )
-    }
-
-    /// Records the engine's reported queue (ReportStats, scrapes).
-    pub fn set_engine_queue(&self, waiting: u64, running: u64, at: u64) {
-        self.engine_queue
-            .store(waiting.saturating_add(running), Ordering::Relaxed);
-        self.engine_waiting.store(waiting, Ordering::Relaxed);
-        self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
-        self.report_epoch.fetch_add(1, Ordering::Relaxed);
-        self.inflight_since_report.store(0, Ordering::Relaxed);
-    }
-
-    /// The engine's reported waiting requests; 0 without a report younger
-    /// than `max_age`.
-    pub fn engine_waiting(&self, now: u64, max_age: u64) -> u64 {
-        if !self.report_is_fresh(now, max_age) {
-            return 0;
-        }
-        self.engine_waiting.load(Ordering::Relaxed)
-    }
-
-    /// Whether the engine's last queue report exists and is at most `max_age` ns
-    /// old: a stale report is ignored, never trusted forever.
-    fn report_is_fresh(&self, now: u64, max_age: u64) -> bool {
-        let at = self.engine_queue_at.load(Ordering::Relaxed);
-        at != 0 && now.saturating_sub(at) <= max_age
-    }
-
     /// Reported waiting + running requests, for the ORIGINAL_DST fallback.
-    pub fn load(&self) -> u64 {
+    pub fn reported_load(&self) -> u64 {
         self.stats
             .lock()
             .map(|(s, _)| u64::from(s.waiting_requests) + u64::from(s.running_requests))

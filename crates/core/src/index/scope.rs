@@ -39,13 +39,13 @@ use super::event::Tier;
 use super::leading_run::LeadingRuns;
 use super::lock::Timeout;
 use super::pending::Pending;
-use super::prefills::Prefills;
 use super::replica::{ReplicaLive, ReplicaSlot, ReplicaTable, ServingSet};
 use super::shard::{Departed, ORPHANS, SHARDS, Shard, shard_of_root};
 use super::store::{
     EntryKey, EntryKeyRef, EntryRef, Loc, Padded, Planned, PrefixEntry, Slot, Store,
 };
 use super::view::Counters;
+use crate::load::Prefills;
 use crate::scope::ScopeKey;
 
 /// The shard exact-prefix entries live in (they form no chains).
@@ -648,8 +648,7 @@ impl ScopeIndex {
         live.prefix_count.store(0, Ordering::Relaxed);
         // The engine starts over (a restart, a cache reset): what was routed
         // there before placed prefixes it no longer holds.
-        live.recent.reset();
-        live.fleet.reset();
+        live.load.reset_routes();
         removed
     }
 
@@ -994,13 +993,17 @@ impl ScopeIndex {
     pub(crate) fn serving_endpoints(&self, serving: &ServingSet) -> Vec<(u64, Arc<str>)> {
         (0..serving.len())
             .filter_map(|m| serving.replica(m))
-            .filter_map(|r| r.endpoint().map(|e| (r.live.load(), e.clone())))
+            .filter_map(|r| r.endpoint().map(|e| (r.live.reported_load(), e.clone())))
             .collect()
     }
 
     pub(crate) fn least_loaded(&self, serving: &ServingSet) -> Option<Arc<str>> {
         let loads: SmallVec<[u64; 32]> = (0..serving.len())
-            .map(|m| serving.replica(m).map_or(u64::MAX, |r| r.live.load()))
+            .map(|m| {
+                serving
+                    .replica(m)
+                    .map_or(u64::MAX, |r| r.live.reported_load())
+            })
             .collect();
         let min = loads.iter().copied().min()?;
         let tied: SmallVec<[usize; 32]> = (0..loads.len()).filter(|&m| loads[m] == min).collect();

@@ -157,9 +157,9 @@ impl super::Index {
                         prefix_count: r.live.prefix_count(),
                         last_event_at: (last > 0).then_some(Timestamp(last)),
                         stats: *r.live.stats.lock(),
-                        inflight_requests: r.live.inflight.load(Ordering::Relaxed),
-                        inflight_tokens: r.live.inflight_tokens.load(Ordering::Relaxed),
-                        recent_requests: r.live.recent.at(now),
+                        inflight_requests: r.live.load.inflight_requests(),
+                        inflight_tokens: r.live.load.inflight_tokens(),
+                        recent_requests: r.live.load.recent_requests(now),
                     });
                 }
             }

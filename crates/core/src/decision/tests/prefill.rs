@@ -1,5 +1,5 @@
 //! The prefill half of the load rule (`decision/bounded_load.rs::by_prefill`,
-//! `index/prefills.rs`): a pick whose queued prefill work (plus this request's
+//! `load/prefills.rs`): a pick whose queued prefill work (plus this request's
 //! own uncached tokens) exceeds the cheapest replica's by more than
 //! `prefillSlackTokens` spills there, and the backlog follows the engine: it goes
 //! when the engine stores the request's last block, once.
@@ -315,10 +315,10 @@ fn a_ticket_that_cannot_be_tracked_gives_the_count_back_to_the_guard() {
     let router = reported_fleet();
     let scope = router.index().scope(acme()).expect("scope");
     // Fill the scope's prefill table with open tickets of other requests.
-    let guards: Vec<Inflight> = (0..crate::index::MAX_PREFILLS as u64)
+    let guards: Vec<Inflight> = (0..crate::load::MAX_PREFILLS as u64)
         .map(|i| route(&router, "r4", &[10_000 + i], 16))
         .collect();
-    assert_eq!(scope.prefills.len(), crate::index::MAX_PREFILLS);
+    assert_eq!(scope.prefills.len(), crate::load::MAX_PREFILLS);
     let guard = route_until_prefill_end(&router, "r1", &[900], 100, t0());
     assert!(
         !guard.ends_with_prefill(),

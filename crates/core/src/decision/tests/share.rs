@@ -1,5 +1,5 @@
 //! The share bound of the load rule (`decision/bounded_load.rs::by_share`,
-//! `recent_routes.rs`): a pick that took more than `shareFactor × mean + slack`
+//! `load/recent_routes.rs`): a pick that took more than `shareFactor × mean + slack`
 //! of the requests this sidecar routed lately spills though nothing is in flight
 //! there, to a candidate under both this bound and the request-count one; off
 //! or with balanced shares the answer is the cache pick.
@@ -110,7 +110,7 @@ fn the_count_halves_every_half_life_and_the_pick_comes_back() {
     assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
     // Two half-lives later r1's 100 are 25: mean 6.5, a trickle the bound
     // leaves alone (below SHARE_MIN_MEAN).
-    let later = t0().plus(crate::recent_routes::HALF_LIFE * 2);
+    let later = t0().plus(crate::load::HALF_LIFE * 2);
     for id in FLEET {
         register(&router, acme(), id, later);
     }

@@ -7,9 +7,9 @@
 //! bound, and over a minute one replica serves twice its share. A decayed count
 //! remembers those bursts. Each sidecar counts what it routed itself at once,
 //! and what other sidecars routed there when a scrape of the engine shows it
-//! ([`crate::fleet_routes`]): the bound's gate and slack are absolute numbers, so
-//! two sidecars each balancing their own half let a replica take more than
-//! one sidecar balancing the whole (max/mean 1.43 against 1.30 on eight engines).
+//! (`fleet_routes.rs`): the bound's gate and slack are absolute numbers, so
+//! two sidecars each balancing only their own half would let a replica take
+//! more than one sidecar balancing the whole.
 //!
 //! One atomic word per replica, so the decision reads no lock: the time of the
 //! last update (milliseconds, low 32 bits, wrapping) and the count (in 1/1024ths,
@@ -39,7 +39,7 @@ impl RecentRoutes {
     }
 
     /// Counts `n` requests at `now_ns` (other sidecars' requests, seen in a
-    /// scrape of the engine: [`crate::fleet_routes`]).
+    /// scrape of the engine: `fleet_routes.rs`).
     pub fn note_many(&self, n: u64, now_ns: u64) {
         let now = millis(now_ns);
         let _ = self

@@ -18,7 +18,7 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use crate::load::Prefill;
+use super::Prefill;
 use crate::time::Timestamp;
 
 /// Prefills tracked per scope at most; past it a request's backlog is let go with
