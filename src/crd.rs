@@ -13,6 +13,8 @@
 //!  InferencePool (GIE's, read only) ─▶ a CacheBackend's replicas
 //!  PromptTemplate, PDTopology: contract only (no reconciler yet)
 //!  CacheIndex: status-only, written by the controller
+//!  objects: the routing objects a policy source yields (file or cluster)
+//!  data_parallel: a CacheBackend's rank endpoints and their validation
 //! ```
 //!
 //! [`all`] and [`render_yaml`] produce the CRD manifests (`inferencecache crds`);
@@ -25,7 +27,9 @@ pub mod cache_backend;
 pub mod cache_index;
 pub mod cache_policy;
 pub mod cache_tenant;
+pub mod data_parallel;
 pub mod inference_pool;
+pub mod objects;
 pub mod openapi;
 pub mod pd_topology;
 pub mod prompt_template;

@@ -48,6 +48,7 @@ use crate::core::Router;
 use crate::core::index::IndexConfig;
 use crate::core::snapshot::PolicySnapshot;
 use crate::core::time::Timestamp;
+use crate::crd::objects::PolicyObjects;
 use crate::proto::v1::FILE_DESCRIPTOR_SET;
 
 /// Whether clients may ask for the decision on their response headers.
@@ -246,8 +247,8 @@ pub async fn run_until(
                 anyhow::anyhow!("{}: policy not loaded:\n{e}", config_path.display())
             })?;
             status.record_success(loaded.snapshot.revision().clone(), now);
-            scrape_specs.set(&loaded.objects.backends);
-            tokenizers.set(&loaded.objects.backends);
+            scrape_specs.set(loaded.objects.each_backend());
+            tokenizers.set(loaded.objects.each_backend());
             let router = Arc::new(Router::new(index, loaded.snapshot, now));
             let watcher = {
                 let (router, recorder, specs, tokenizers) = (
@@ -262,8 +263,8 @@ pub async fn run_until(
                         Duration::from_millis(args.policy_poll_ms.max(10)),
                         move |l: policy_file::Loaded| {
                             let (now, revision) = (Timestamp::now(), l.snapshot.revision().clone());
-                            specs.set(&l.objects.backends);
-                            tokenizers.set(&l.objects.backends);
+                            specs.set(l.objects.each_backend());
+                            tokenizers.set(l.objects.each_backend());
                             router.install(l.snapshot, now);
                             recorder.record_success(revision, now);
                         },
@@ -580,7 +581,7 @@ async fn start_kubernetes(
     args: &ServeArgs,
     router: Arc<Router>,
     status: Arc<SourceStatus>,
-    file: tokio::sync::watch::Receiver<Arc<policy_file::FileObjects>>,
+    file: tokio::sync::watch::Receiver<Arc<PolicyObjects>>,
     scrape_specs: Arc<engine_metrics::Specs>,
     tokenizers: Arc<TokenizerStore>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
@@ -606,15 +607,13 @@ async fn start_kubernetes(
             .instrument(tracing::info_span!("kubernetes_watch")),
         )
     };
-    let specs = tokio::spawn(engine_metrics::supervisor::follow_cluster(
-        scrape_specs,
-        observed_rx.clone(),
-        file.clone(),
-    ));
-    let tokenizer_specs = tokio::spawn(body::store::follow_cluster(
-        tokenizers,
+    let backends = tokio::spawn(kubernetes::watch::follow_backends(
         observed_rx.clone(),
         file,
+        move |backends| {
+            scrape_specs.set(backends.iter().copied());
+            tokenizers.set(backends.iter().copied());
+        },
     ));
     let identity = args
         .lease_identity
@@ -642,7 +641,7 @@ async fn start_kubernetes(
         .instrument(tracing::info_span!("status_publisher",
             lease_namespace = %args.lease_namespace, lease = %args.lease_name)),
     );
-    Ok(vec![watches, publisher, specs, tokenizer_specs])
+    Ok(vec![watches, publisher, backends])
 }
 
 /// Re-syncs the engine event subscribers whenever the installed snapshot's

@@ -272,7 +272,7 @@ fn backend_rules(b: &CacheBackend) -> Vec<Finding> {
             "spec.inferencePoolRef: {conflict}"
         )));
     }
-    for (field, message) in crate::adapters::kv_events::ranks::backend_errors(&b.spec) {
+    for (field, message) in crate::crd::data_parallel::backend_errors(&b.spec) {
         out.push(Finding::always(format!("{field}: {message}")));
     }
     out

@@ -12,7 +12,6 @@ pub mod decode;
 pub mod frames;
 pub mod metrics;
 pub mod msgpack;
-pub mod ranks;
 pub mod subscriber;
 pub mod supervisor;
 pub mod translate;

@@ -21,14 +21,13 @@ use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::adapters::resolve::{Ignored, resolve};
 use crate::core::snapshot::PolicySnapshot;
-use crate::crd::cache_backend::CacheBackend;
-use crate::crd::cache_policy::CachePolicy;
-use crate::crd::cache_tenant::CacheTenant;
+use crate::crd::objects::PolicyObjects;
 
 pub use document::{Object, Origin};
 pub use watch::{SourceStatus, watch, watch_loaded};
@@ -48,15 +47,7 @@ pub struct Loaded {
     pub ignored: Vec<Ignored>,
     /// The routing objects themselves, for `serve --config --kubernetes`, where
     /// they are resolved together with the cluster's.
-    pub objects: FileObjects,
-}
-
-/// The routing objects of a configuration file or directory.
-#[derive(Clone, Debug, Default)]
-pub struct FileObjects {
-    pub policies: Vec<CachePolicy>,
-    pub tenants: Vec<CacheTenant>,
-    pub backends: Vec<CacheBackend>,
+    pub objects: PolicyObjects,
 }
 
 /// Why a load failed: every problem found, one per line.
@@ -181,10 +172,10 @@ pub fn parse(sources: &[Source]) -> Result<Loaded, LoadError> {
     Ok(Loaded {
         snapshot: resolution.snapshot,
         ignored: resolution.ignored,
-        objects: FileObjects {
-            policies,
-            tenants,
-            backends,
+        objects: PolicyObjects {
+            policies: policies.into_iter().map(Arc::new).collect(),
+            tenants: tenants.into_iter().map(Arc::new).collect(),
+            backends: backends.into_iter().map(Arc::new).collect(),
         },
     })
 }

@@ -622,7 +622,7 @@ fn check_spec(spec: &CacheBackendSpec, meta: &ObjectMeta, out: &mut Outcome) -> 
         port("spec.kvEvents.port", k.port);
         port("spec.kvEvents.replayPort", k.replay_port);
     }
-    for (field, message) in crate::adapters::kv_events::ranks::backend_errors(spec) {
+    for (field, message) in crate::crd::data_parallel::backend_errors(spec) {
         out.reject(BACKEND, meta, &field, message);
     }
     let mut adapters = HashSet::new();
@@ -743,8 +743,9 @@ fn static_replicas(
             address: ep.address.clone(),
             kv_events_endpoint: events,
             kv_replay_endpoint: replay,
-            data_parallel_size: ranks::declared_size(spec, Some(i))
-                .clamp(1, ranks::MAX_DATA_PARALLEL_SIZE) as u32,
+            data_parallel_size: data_parallel::declared_size(spec, Some(i))
+                .clamp(1, data_parallel::MAX_DATA_PARALLEL_SIZE)
+                as u32,
         });
     }
     replicas
@@ -757,7 +758,7 @@ fn host_of(address: &str) -> Option<&str> {
     (port_ok && !host.is_empty()).then_some(host)
 }
 
-use crate::adapters::kv_events::ranks;
+use crate::crd::data_parallel;
 
 pub mod pods;
 

@@ -259,21 +259,3 @@ fn fingerprint(dir: &Path) -> Fingerprint {
         })
         .collect()
 }
-
-/// Kubernetes mode: keeps `store` on the cluster's CacheBackends plus the file's.
-pub async fn follow_cluster(
-    store: Arc<TokenizerStore>,
-    mut observed: tokio::sync::watch::Receiver<Arc<crate::adapters::kubernetes::watch::Observed>>,
-    file: tokio::sync::watch::Receiver<Arc<crate::adapters::policy_file::FileObjects>>,
-) {
-    loop {
-        {
-            let o = observed.borrow_and_update().clone();
-            let f = file.borrow().clone();
-            store.set(o.backends.iter().map(|b| &**b).chain(f.backends.iter()));
-        }
-        if observed.changed().await.is_err() {
-            return;
-        }
-    }
-}

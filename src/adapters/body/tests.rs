@@ -91,7 +91,7 @@ impl Fixture {
 
     fn mode(&self, loaded: &Loaded, max: usize) -> (BodyMode, Arc<TokenizerStore>) {
         let store = Arc::new(TokenizerStore::default());
-        store.set(&loaded.objects.backends);
+        store.set(loaded.objects.each_backend());
         store.refresh();
         let router = Arc::new(Router::new(
             IndexConfig::default(),
@@ -450,7 +450,7 @@ fn a_backend_not_loaded_yet_is_loading_not_an_error() {
     let f = Fixture::new("loading");
     let loaded = f.load(&[("a", "be", "m", IC_CONTENT_V1, Some(&f.tok()))]);
     let store = TokenizerStore::default();
-    store.set(&loaded.objects.backends);
+    store.set(loaded.objects.each_backend());
     assert!(matches!(store.get("a", "be"), TokenizerState::Loading));
     assert!(store.problems().is_empty());
     store.refresh();

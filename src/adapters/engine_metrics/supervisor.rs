@@ -84,21 +84,3 @@ pub async fn follow(router: Arc<Router>, scrapers: Arc<Scrapers>) {
         }
     }
 }
-
-/// Kubernetes mode: keeps `specs` on the cluster's CacheBackends plus the file's.
-pub async fn follow_cluster(
-    specs: Arc<Specs>,
-    mut observed: tokio::sync::watch::Receiver<Arc<crate::adapters::kubernetes::watch::Observed>>,
-    file: tokio::sync::watch::Receiver<Arc<crate::adapters::policy_file::FileObjects>>,
-) {
-    loop {
-        {
-            let o = observed.borrow_and_update().clone();
-            let f = file.borrow().clone();
-            specs.set(o.backends.iter().map(|b| &**b).chain(f.backends.iter()));
-        }
-        if observed.changed().await.is_err() {
-            return;
-        }
-    }
-}

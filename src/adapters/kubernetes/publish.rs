@@ -65,15 +65,15 @@ impl Publisher {
         let at = status::time(now);
         let v = &observed.verdicts;
         let mut round = Round::default();
-        for p in &observed.policies {
+        for p in &observed.objects.policies {
             let s = status::policy_status(p, v, &at);
             self.write(p.as_ref(), &p.status, &s, &mut round).await;
         }
-        for t in &observed.tenants {
+        for t in &observed.objects.tenants {
             let s = status::tenant_status(t, v, &view, &at);
             self.write(t.as_ref(), &t.status, &s, &mut round).await;
         }
-        for b in &observed.backends {
+        for b in &observed.objects.backends {
             let s = status::backend_status(b, v, &snapshot, &view, &at);
             self.write(b.as_ref(), &b.status, &s, &mut round).await;
         }

@@ -45,7 +45,6 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch as latest;
 
 use super::status::Verdicts;
-use crate::adapters::policy_file::FileObjects;
 use crate::adapters::resolve::pods::ACTIVE_PORTS_ANNOTATION;
 use crate::adapters::resolve::{Cluster, DEFAULT_NAMESPACE, Pools, resolve_in_cluster};
 use crate::core::snapshot::PolicySnapshot;
@@ -53,6 +52,7 @@ use crate::crd::cache_backend::CacheBackend;
 use crate::crd::cache_policy::CachePolicy;
 use crate::crd::cache_tenant::CacheTenant;
 use crate::crd::inference_pool::InferencePool;
+use crate::crd::objects::PolicyObjects;
 use crate::crd::pd_topology::PDTopology;
 use crate::crd::prompt_template::PromptTemplate;
 
@@ -63,9 +63,8 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 /// What the last rebuild saw: the objects and what `resolve` made of them.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
-    pub policies: Vec<Arc<CachePolicy>>,
-    pub tenants: Vec<Arc<CacheTenant>>,
-    pub backends: Vec<Arc<CacheBackend>>,
+    /// The cluster's own routing objects (a policy file's are not here).
+    pub objects: PolicyObjects,
     pub templates: Vec<Arc<PromptTemplate>>,
     pub topologies: Vec<Arc<PDTopology>>,
     pub verdicts: Verdicts,
@@ -187,7 +186,7 @@ pub async fn run(
     debounce: Duration,
     mut install: impl FnMut(PolicySnapshot) + Send,
     observed: latest::Sender<Arc<Observed>>,
-    mut file: latest::Receiver<Arc<FileObjects>>,
+    mut file: latest::Receiver<Arc<PolicyObjects>>,
 ) {
     let (policies, s0) = watch_kind(&client, Source::Policies, trim_meta::<CachePolicy>);
     let (tenants, s1) = watch_kind(&client, Source::Tenants, trim_meta::<CacheTenant>);
@@ -294,8 +293,29 @@ pub async fn run(
     }
 }
 
+/// Kubernetes mode: hands `apply` the CacheBackends in effect, the cluster's and
+/// the policy file's, after every rebuild (the engine-side adapters follow them:
+/// metrics scrapers, tokenizers). Ends when the watches do.
+pub async fn follow_backends(
+    mut observed: latest::Receiver<Arc<Observed>>,
+    file: latest::Receiver<Arc<PolicyObjects>>,
+    apply: impl Fn(&[&CacheBackend]),
+) {
+    loop {
+        {
+            let o = observed.borrow_and_update().clone();
+            let f = file.borrow().clone();
+            let backends: Vec<&CacheBackend> = o.objects.backends_with(&f).collect();
+            apply(&backends);
+        }
+        if observed.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Whether the file source sent new objects; never resolves once it is closed.
-async fn file_changed(file: &mut latest::Receiver<Arc<FileObjects>>, open: bool) -> bool {
+async fn file_changed(file: &mut latest::Receiver<Arc<PolicyObjects>>, open: bool) -> bool {
     if !open {
         std::future::pending::<()>().await;
     }
@@ -317,7 +337,7 @@ fn owned<K: Clone>(v: &[Arc<K>]) -> Vec<K> {
 fn rebuild(
     stores: &Stores,
     pool_watch: &PoolWatch,
-    file: &FileObjects,
+    file: &PolicyObjects,
 ) -> (PolicySnapshot, Observed) {
     let policies = stores.policies.state();
     let tenants = stores.tenants.state();
@@ -325,9 +345,9 @@ fn rebuild(
     let mut policy_objs: Vec<CachePolicy> = owned(&policies);
     let mut tenant_objs: Vec<CacheTenant> = owned(&tenants);
     let mut backend_objs: Vec<CacheBackend> = owned(&backends);
-    policy_objs.extend(file.policies.iter().cloned());
-    tenant_objs.extend(file.tenants.iter().cloned());
-    backend_objs.extend(file.backends.iter().cloned());
+    policy_objs.extend(owned(&file.policies));
+    tenant_objs.extend(owned(&file.tenants));
+    backend_objs.extend(owned(&file.backends));
     // Only pods of namespaces with a selector or pool backend can be replicas.
     let selecting: std::collections::HashSet<&str> = backend_objs
         .iter()
@@ -350,9 +370,11 @@ fn rebuild(
     };
     let resolution = resolve_in_cluster(&policy_objs, &tenant_objs, &backend_objs, &cluster);
     let observed = Observed {
-        policies,
-        tenants,
-        backends,
+        objects: PolicyObjects {
+            policies,
+            tenants,
+            backends,
+        },
         templates: stores.templates.state(),
         topologies: stores.topologies.state(),
         verdicts: Verdicts {

@@ -29,7 +29,7 @@
 //! expired by then).
 //!
 //! **Data-parallel ranks.** An engine with data-parallel ranks runs one
-//! subscriber per rank (`ranks.rs` says where each publishes), all feeding the one
+//! subscriber per rank (`crd/data_parallel.rs` says where each publishes), all feeding the one
 //! replica, each with its own seq, warm start, replay, staleness and restart
 //! detection. The index counts references per (replica, block), so two ranks
 //! storing the same block hold it twice, and one rank's removal leaves the

@@ -10,11 +10,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::metrics::KvEventMetrics;
-use super::ranks::rank_endpoint;
 use super::subscriber::{Subscriber, SubscriberConfig};
 use super::translate::DEFAULT_MAX_MAPPINGS;
 use crate::core::Router;
 use crate::core::snapshot::PolicySnapshot;
+use crate::crd::data_parallel::rank_endpoint;
 
 /// Queue depth per replica, in batches.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;

@@ -19,9 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
 use super::DEFAULT_NAMESPACE;
-use crate::adapters::kv_events::ranks;
 use crate::core::snapshot::DeclaredReplica;
 use crate::crd::cache_backend::CacheBackendSpec;
+use crate::crd::data_parallel;
 use crate::crd::inference_pool::InferencePool;
 
 /// Why a backend's selector cannot discover anything.
@@ -51,8 +51,8 @@ pub fn discovered(
                 .into(),
         });
     };
-    let data_parallel_size =
-        ranks::declared_size(spec, None).clamp(1, ranks::MAX_DATA_PARALLEL_SIZE) as u32;
+    let data_parallel_size = data_parallel::declared_size(spec, None)
+        .clamp(1, data_parallel::MAX_DATA_PARALLEL_SIZE) as u32;
     let endpoints = Endpoints {
         ports: vec![port],
         follow_active_ports: false,
@@ -117,7 +117,7 @@ pub fn pool_members(
         }
         ports.push(p.number);
     }
-    let declared = ranks::declared_size(spec, None);
+    let declared = data_parallel::declared_size(spec, None);
     if ports.len() > 1 && declared != 1 {
         return Err(PoolProblem {
             reason: "Conflict",
@@ -152,7 +152,7 @@ pub fn pool_members(
     let endpoints = Endpoints {
         ports,
         follow_active_ports: true,
-        data_parallel_size: declared.clamp(1, ranks::MAX_DATA_PARALLEL_SIZE) as u32,
+        data_parallel_size: declared.clamp(1, data_parallel::MAX_DATA_PARALLEL_SIZE) as u32,
     };
     Ok(members(namespace, &selector, &endpoints, spec, pods))
 }

@@ -9,6 +9,7 @@ use crate::core::scope::ScopeRef;
 use crate::crd::cache_backend::CacheBackend;
 use crate::crd::cache_policy::CachePolicy;
 use crate::crd::cache_tenant::CacheTenant;
+use crate::crd::objects::PolicyObjects;
 
 const API: &str = "inferencecache.io/v1alpha1";
 
@@ -83,9 +84,11 @@ fn world() -> World {
         )
         .unwrap();
     let observed = Observed {
-        policies: p.into_iter().map(Arc::new).collect(),
-        tenants: t.into_iter().map(Arc::new).collect(),
-        backends: b.into_iter().map(Arc::new).collect(),
+        objects: PolicyObjects {
+            policies: p.into_iter().map(Arc::new).collect(),
+            tenants: t.into_iter().map(Arc::new).collect(),
+            backends: b.into_iter().map(Arc::new).collect(),
+        },
         templates: vec![],
         topologies: vec![],
         verdicts: Verdicts {
@@ -207,10 +210,10 @@ async fn patches_statuses_and_creates_the_cache_index() {
 async fn a_status_that_already_says_the_same_is_not_written() {
     let mut w = world();
     let at = status::time(Timestamp::from_secs(1_800_000_001));
-    let p = w.observed.policies[0].clone();
+    let p = w.observed.objects.policies[0].clone();
     let mut with_status = (*p).clone();
     with_status.status = Some(status::policy_status(&p, &w.observed.verdicts, &at));
-    w.observed.policies[0] = Arc::new(with_status);
+    w.observed.objects.policies[0] = Arc::new(with_status);
     let (client, server) = ApiServer::start(scenario(&w, true));
     let publisher = Publisher::new(client, w.router.clone());
     let round =

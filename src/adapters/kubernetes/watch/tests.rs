@@ -51,7 +51,7 @@ fn start(scenario: Scenario) -> Running {
     start_with_file(scenario, no_file)
 }
 
-fn start_with_file(scenario: Scenario, file: latest::Receiver<Arc<FileObjects>>) -> Running {
+fn start_with_file(scenario: Scenario, file: latest::Receiver<Arc<PolicyObjects>>) -> Running {
     let (client, server) = ApiServer::start(scenario);
     let (tx, snapshots) = mpsc::unbounded_channel();
     let (otx, observed) = latest::channel(Arc::new(Observed::default()));
@@ -166,7 +166,7 @@ async fn ready_pods_become_replicas_and_the_oldest_tenant_wins() {
     assert_eq!(observed.revision, snapshot.revision().to_string());
     assert_eq!(observed.verdicts.ignored.len(), 1);
     assert_eq!(observed.verdicts.ignored[0].name, "newer");
-    assert_eq!(observed.tenants.len(), 2);
+    assert_eq!(observed.objects.tenants.len(), 2);
 }
 
 #[tokio::test]
@@ -254,7 +254,7 @@ async fn unchanged_objects_do_not_reinstall() {
         loop {
             r.observed.changed().await.unwrap();
             let o = r.observed.borrow().clone();
-            if o.tenants.iter().any(|t| t.status.is_some()) {
+            if o.objects.tenants.iter().any(|t| t.status.is_some()) {
                 break;
             }
         }
@@ -304,12 +304,12 @@ async fn file_objects_are_resolved_with_the_cluster() {
         t.metadata.creation_timestamp = None;
         t
     };
-    let file = FileObjects {
+    let file = PolicyObjects {
         tenants: vec![
-            undated(tenant("team-a", "from-file", 0, "shadow")),
-            undated(tenant("team-f", "from-file", 0, "filed")),
+            Arc::new(undated(tenant("team-a", "from-file", 0, "shadow"))),
+            Arc::new(undated(tenant("team-f", "from-file", 0, "filed"))),
         ],
-        ..FileObjects::default()
+        ..PolicyObjects::default()
     };
     let (file_tx, file_rx) = latest::channel(Arc::new(file.clone()));
     let mut r = start_with_file(scenario, file_rx);
@@ -320,7 +320,7 @@ async fn file_objects_are_resolved_with_the_cluster() {
 
     // The file changes: the next snapshot follows it.
     let mut edited = file;
-    edited.tenants[1] = undated(tenant("team-f", "from-file", 0, "renamed"));
+    edited.tenants[1] = Arc::new(undated(tenant("team-f", "from-file", 0, "renamed")));
     file_tx.send_replace(Arc::new(edited));
     let snapshot = timeout_after_1s(r.snapshots.recv()).await.unwrap();
     assert_eq!(snapshot.tenant("renamed").namespace, Some("team-f"));
@@ -547,4 +547,49 @@ fn trimmed_pods_keep_only_the_active_ports_annotation() {
     bare.metadata.annotations = Some([("other".to_string(), "y".to_string())].into());
     trim_pod(&mut bare);
     assert_eq!(bare.metadata.annotations, None);
+}
+
+#[tokio::test]
+async fn the_engine_side_follows_the_cluster_and_file_backends_together() {
+    let named = |ns: &str| -> Arc<CacheBackend> {
+        let mut b: CacheBackend = serde_json::from_value(selector_backend(ns)).unwrap();
+        b.metadata.name = Some(format!("from-{ns}"));
+        Arc::new(b)
+    };
+    let cluster = |names: &[&str]| Observed {
+        objects: PolicyObjects {
+            backends: names.iter().map(|n| named(n)).collect(),
+            ..PolicyObjects::default()
+        },
+        ..Observed::default()
+    };
+    let file = PolicyObjects {
+        backends: vec![named("file")],
+        ..PolicyObjects::default()
+    };
+    let (observed_tx, observed_rx) = latest::channel(Arc::new(cluster(&["a"])));
+    let (_file_tx, file_rx) = latest::channel(Arc::new(file));
+    let (seen_tx, mut seen) = mpsc::unbounded_channel::<Vec<String>>();
+    let follower = tokio::spawn(follow_backends(observed_rx, file_rx, move |backends| {
+        let names = backends
+            .iter()
+            .map(|b| b.metadata.name.clone().unwrap_or_default())
+            .collect();
+        let _ = seen_tx.send(names);
+    }));
+    let first = timeout_after_1s(seen.recv()).await.unwrap();
+    assert_eq!(
+        first,
+        ["from-a", "from-file"],
+        "the cluster's, then the file's"
+    );
+
+    observed_tx.send_replace(Arc::new(cluster(&["a", "b"])));
+    let next = timeout_after_1s(seen.recv()).await.unwrap();
+    assert_eq!(next, ["from-a", "from-b", "from-file"]);
+
+    drop(observed_tx);
+    timeout_after_1s(follower)
+        .await
+        .expect("the follower ends with the watches");
 }

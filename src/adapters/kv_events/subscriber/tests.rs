@@ -541,7 +541,7 @@ fn cleared_batch() -> Vec<u8> {
 async fn rank_pair() -> (Engine, Engine) {
     loop {
         let rank0 = Engine::start(Shape::Current, None).await;
-        let up = |e: &str| super::super::ranks::rank_endpoint(e, 1).unwrap();
+        let up = |e: &str| crate::crd::data_parallel::rank_endpoint(e, 1).unwrap();
         let rank1 = Engine::start_on(
             Shape::Current,
             None,

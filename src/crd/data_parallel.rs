@@ -1,12 +1,14 @@
-//! Data-parallel ranks: where rank r of an engine publishes and replays.
+//! A CacheBackend's data-parallel ranks: where rank r of an engine publishes and
+//! replays, and the validation of the sizes and ports that follow from it (the
+//! policy-file loader, the resolver and the admission webhook share it).
 //!
 //! vLLM's and SGLang's `ZmqEventPublisher` offset the configured endpoint's port
 //! by the data-parallel rank (`offset_endpoint_port`): with `tcp://*:5557` and
 //! replay `tcp://*:5558`, rank 1 publishes on 5557 + 1 and replays on 5558 + 1.
 //! (Their ipc/inproc suffixes do not cross hosts; only tcp is supported here.)
 //! A pod with several ranks stays one replica for routing; each rank's stream is
-//! followed by its own subscriber (see `subscriber.rs` for how their blocks share
-//! the replica).
+//! followed by its own subscriber (see `adapters/kv_events/subscriber.rs` for how
+//! their blocks share the replica).
 
 use crate::crd::cache_backend::CacheBackendSpec;
 
