@@ -20,9 +20,9 @@
 //!   requests this sidecar sent since that report, ignored once older than the
 //!   policy's `statsMaxAge`.
 //!
-//! This module knows nothing of the index: the index keeps one
-//! `Arc<ReplicaLoad>` per replica beside its event-path values and hands it to
-//! the decision and to each [`Inflight`].
+//! This module knows nothing of the index: the index keeps one [`ReplicaLoad`]
+//! inline in each replica's event-path values, which it hands to each
+//! [`Inflight`] as a [`LoadCell`].
 
 mod fleet_routes;
 mod inflight;
@@ -38,6 +38,13 @@ pub use inflight::{EVENT_FEED_LIVE, INFLIGHT_AGE_OUT, Inflight};
 pub use prefills::MAX_PREFILLS;
 pub(crate) use prefills::Prefills;
 pub use recent_routes::{HALF_LIFE, RecentRoutes};
+
+/// What holds a replica's [`ReplicaLoad`] (the index's per-replica values keep
+/// it inline, so the decision's load rule reads it with no extra pointer to
+/// follow); each [`Inflight`] keeps its holder alive until it lets go.
+pub trait LoadCell: Send + Sync + std::fmt::Debug {
+    fn load(&self) -> &ReplicaLoad;
+}
 
 /// One replica's load signals, shared by every version of its scope's replica
 /// table and by the [`Inflight`] guards of the requests routed there.

@@ -194,7 +194,7 @@ impl Decision {
         let row = self.rows.first()?;
         let replica = self.replicas.as_deref()?.get(row.slot)?;
         let uncached = requested_tokens.saturating_sub(u64::from(row.matched_tokens));
-        Some(Inflight::begin(replica.live.load.clone(), uncached, now))
+        Some(Inflight::begin(replica.live.clone(), uncached, now))
     }
 
     /// The picked replica's last event of any kind, ns; 0 without a pick or an

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::event::ReplicaStats;
-use crate::load::ReplicaLoad;
+use crate::load::{LoadCell, ReplicaLoad};
 use crate::time::Timestamp;
 
 /// Stable, process-independent hash of a replica id for rendezvous hashing: two
@@ -38,7 +38,13 @@ pub(crate) struct ReplicaLive {
     pub stats: Mutex<Option<(ReplicaStats, Timestamp)>>,
     /// The load signals the decision reads and each routed request's
     /// [`Inflight`](crate::load::Inflight) counts against.
-    pub load: Arc<ReplicaLoad>,
+    pub load: ReplicaLoad,
+}
+
+impl LoadCell for ReplicaLive {
+    fn load(&self) -> &ReplicaLoad {
+        &self.load
+    }
 }
 
 impl ReplicaLive {

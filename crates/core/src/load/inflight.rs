@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::ReplicaLoad;
+use super::{LoadCell, ReplicaLoad};
 use crate::time::Timestamp;
 
 /// How long a routed request may count as in flight with no sign of its end (no
@@ -35,7 +35,7 @@ pub const EVENT_FEED_LIVE: Duration = Duration::from_secs(10);
 /// ([`Inflight::ends_with_prefill`]), which then releases it instead.
 #[derive(Debug)]
 pub struct Inflight {
-    live: Arc<ReplicaLoad>,
+    cell: Arc<dyn LoadCell>,
     /// `None` when the request brought no uncached tokens: nothing to let go
     /// early, so no ticket is allocated (most requests of a warm fleet).
     prefill: Option<Arc<Prefill>>,
@@ -54,7 +54,7 @@ pub struct Inflight {
 /// [`INFLIGHT_AGE_OUT`] if the event never comes.
 #[derive(Debug)]
 pub(crate) struct Prefill {
-    live: Arc<ReplicaLoad>,
+    cell: Arc<dyn LoadCell>,
     tokens: AtomicU64,
     /// Set before the ticket is shared (so no event can release it first).
     request: AtomicBool,
@@ -67,14 +67,14 @@ impl Prefill {
     pub fn release(&self) -> bool {
         let n = self.tokens.swap(0, Ordering::Relaxed);
         if n > 0 {
-            saturating_sub(&self.live.inflight_tokens, n);
+            saturating_sub(&self.cell.load().inflight_tokens, n);
         }
         // The request's prefill is over, not the request: it decodes on, so it
         // stays in "sent since the last report" until the engine's next report,
         // which counts it while it runs (see `ReplicaLoad::current_load`).
         let carried = self.request.swap(false, Ordering::Relaxed);
         if carried {
-            saturating_sub(&self.live.inflight, 1);
+            saturating_sub(&self.cell.load().inflight, 1);
         }
         carried
     }
@@ -113,7 +113,8 @@ fn saturating_sub(c: &AtomicU64, n: u64) {
 }
 
 impl Inflight {
-    pub(crate) fn begin(live: Arc<ReplicaLoad>, uncached_tokens: u64, now: Timestamp) -> Self {
+    pub(crate) fn begin(cell: Arc<dyn LoadCell>, uncached_tokens: u64, now: Timestamp) -> Self {
+        let live = cell.load();
         live.inflight.fetch_add(1, Ordering::Relaxed);
         live.inflight_tokens
             .fetch_add(uncached_tokens, Ordering::Relaxed);
@@ -125,14 +126,14 @@ impl Inflight {
         }
         let prefill = (uncached_tokens > 0).then(|| {
             Arc::new(Prefill {
-                live: live.clone(),
+                cell: cell.clone(),
                 tokens: AtomicU64::new(uncached_tokens),
                 request: AtomicBool::new(false),
                 admitted_at: now,
             })
         });
         Self {
-            live,
+            cell,
             prefill,
             tokens: uncached_tokens,
             epoch,
@@ -167,7 +168,7 @@ impl Inflight {
     /// does. Nothing happens when it has a prefill ticket.
     pub(crate) fn end_prefill_now(&mut self) {
         if self.prefill.is_none() && !self.handed_over {
-            saturating_sub(&self.live.inflight, 1);
+            saturating_sub(&self.cell.load().inflight, 1);
             self.handed_over = true;
         }
     }
@@ -195,7 +196,7 @@ impl Inflight {
         let within = |at: u64, age: u64| at > 0 && now.saturating_sub(at) <= age;
         within(last_event_at, EVENT_FEED_LIVE.as_nanos() as u64)
             && within(
-                self.live.engine_queue_at.load(Ordering::Relaxed),
+                self.cell.load().engine_queue_at.load(Ordering::Relaxed),
                 stats_max_age,
             )
     }
@@ -217,7 +218,7 @@ impl Drop for Inflight {
         if self.handed_over {
             return;
         }
-        release_request(&self.live, self.epoch);
+        release_request(self.cell.load(), self.epoch);
         if let Some(p) = &self.prefill {
             p.release();
         }
