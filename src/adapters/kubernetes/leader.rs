@@ -149,10 +149,13 @@ pub fn elect(client: Client, config: LeaseConfig) -> (Leadership, Resign) {
                 }
                 share(&tx, elector.deadline);
                 let now_leading = elector.leads_now();
-                if now_leading != leading {
+                if leading && !now_leading && elector.deadline.is_some() {
+                    tracing::warn!("no Lease renewal in time: leadership ended locally");
+                    elector.deadline = None;
+                } else if now_leading != leading {
                     tracing::info!(leader = now_leading, "leadership changed");
-                    leading = now_leading;
                 }
+                leading = now_leading;
                 let pause = if leading {
                     elector.config.renew_every()
                 } else {
