@@ -548,3 +548,80 @@ def wait_for_denial(kube, doc) -> str:
                      doc["metadata"]["namespace"], "--ignore-not-found")
         assert time.monotonic() < deadline, "the webhook never refused"
         time.sleep(0.5)
+
+
+# --- the Helm chart ----------------------------------------------------------------
+
+CHART = REPO / "charts" / "inferencecache"
+FLEET = ["--set", "fleet.enabled=true", "--set", "fleet.nats=nats://nats.nats.svc:4222",
+         "--set", "fleet.name=prod", "--set", "fleet.credsSecret=nats-creds",
+         "--set", "fleet.tokenSecret=nats-token", "--set", "fleet.tlsCaSecret=nats-ca"]
+
+
+def test_the_chart_carries_the_generated_crds_and_the_shipped_envoy_configs():
+    assert (CHART / "crds" / "inferencecache.io.yaml").read_text() == \
+        (REPO / "manifests" / "crds" / "inferencecache.io.yaml").read_text(), \
+        "cp manifests/crds/inferencecache.io.yaml charts/inferencecache/crds/"
+    for mode in ("override-host", "original-dst"):
+        assert (CHART / "files" / f"envoy-{mode}.yaml").read_text() == \
+            (REPO / "envoy" / f"{mode}.yaml").read_text(), \
+            f"cp envoy/{mode}.yaml charts/inferencecache/files/envoy-{mode}.yaml"
+
+
+@pytest.mark.parametrize("values", [[], FLEET], ids=["defaults", "fleet"])
+def test_helm_lint(kube, values):
+    out = kube.helm("lint", str(CHART), "--strict", *values)
+    assert "0 chart(s) failed" in out.stdout, out.stdout
+
+
+def render(kube, *values) -> list:
+    out = kube.helm("template", "ic", str(CHART), "--namespace", SYSTEM_NS, *values)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("values", [[], FLEET, ["--set", "envoy.destinationMode=original-dst",
+                                                "--set", "webhook.tls.caBundle=Zm9v"]],
+                         ids=["defaults", "fleet", "original-dst"])
+def test_the_rendered_chart_passes_a_server_side_dry_run(kube, values):
+    crds_installed(kube)
+    kube.kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "namespace.yaml"))
+    objects = render(kube, *values)
+    kinds = sorted({o["kind"] for o in objects})
+    assert {"Deployment", "Service", "ConfigMap", "ValidatingWebhookConfiguration", "ClusterRole",
+            "Role"} <= set(kinds), kinds
+    out = kube.kubectl("apply", "--dry-run=server", "--server-side", "--validate=strict", "-f", "-",
+                       stdin=yaml.safe_dump_all(objects), check=False)
+    assert out.returncode == 0, out.stderr
+    args = next(c for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "ic"
+                for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "inferencecache")["args"]
+    if values is FLEET:
+        for flag in ("--fleet-nats=nats://nats.nats.svc:4222", "--fleet-id=$(POD_NAME)",
+                     "--fleet-name=prod", "--fleet-nats-creds=/etc/inferencecache/fleet/creds/nats.creds",
+                     "--fleet-nats-token-file=/etc/inferencecache/fleet/token/token",
+                     "--fleet-nats-tls-ca=/etc/inferencecache/fleet/ca/ca.crt"):
+            assert flag in args, args
+    else:
+        assert not [a for a in args if a.startswith("--fleet")], args
+
+
+def test_the_charts_envoy_config_is_the_manifests_one_and_validates(kube, tmp_path):
+    from conftest import envoy_binary
+    rendered = {o["metadata"]["name"]: o for o in render(kube) if o["kind"] == "ConfigMap"}
+    chart_envoy = yaml.safe_load(rendered["ic-envoy-config"]["data"]["envoy.yaml"])
+    manifest = docs(REPO / "manifests" / "envoy-config.yaml")[0]
+    assert chart_envoy == yaml.safe_load(manifest["data"]["envoy.yaml"])
+    for values in ([], ["--set", "envoy.destinationMode=original-dst"]):
+        config = [o for o in render(kube, *values) if o["kind"] == "ConfigMap"][0]["data"]["envoy.yaml"]
+        path = tmp_path / "envoy.yaml"
+        path.write_text(config)
+        out = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_chart_refuses_values_it_cannot_render(kube):
+    for values, words in ((["--set", "fleet.enabled=true"], "fleet.nats"),
+                          (["--set", "envoy.destinationMode=direct"], "override-host or original-dst"),
+                          (["--set", "webhook.certManager.enabled=true"], "issuerRef.name")):
+        out = kube.helm("template", "ic", str(CHART), *values, check=False)
+        assert out.returncode != 0 and words in out.stderr, out.stderr
