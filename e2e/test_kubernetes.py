@@ -132,13 +132,15 @@ def team_a(kind, name, spec):
 REFUSALS = [
     (team_a("CachePolicy", "bad-chain", {"strategy": {"requireChain": True,
                                                       "enableChainMatching": False}}),
-     ["spec.strategy", "strategy.requireChain: true needs strategy.enableChainMatching: true"]),
+     ["spec.strategy.requireChain: Invalid value: strategy.requireChain: true needs "
+      "strategy.enableChainMatching: true"]),
     (team_a("CacheTenant", "bad-probe", {"tenantID": "inferencecache.io/probe"}),
-     ["spec.tenantID", "tenantID inferencecache.io/probe is reserved for the server's self-test"]),
+     ['spec.tenantID: Invalid value: "inferencecache.io/probe": tenantID inferencecache.io/probe '
+      "is reserved for the server's self-test"]),
     (team_a("CacheTenant", "bad-empty", {"tenantID": ""}),
      ["spec.tenantID", "tenantID must be non-empty"]),
     (team_a("CacheTenant", "bad-mode", {"tenantID": "t", "isolationMode": "Strict"}),
-     ['spec.isolationMode', 'supported values: "Fairness"']),
+     ['spec.isolationMode: Unsupported value: "Strict": supported values: "Fairness"\n']),
     (team_a("CachePolicy", "bad-eviction", {"eviction": "FIFO"}),
      ["spec.eviction", 'supported values: "LRU"']),
     (team_a("CachePolicy", "bad-ttl", {"evictionTTL": "ten minutes"}),
@@ -146,7 +148,8 @@ REFUSALS = [
     (team_a("CacheBackend", "bad-pool", {"engine": "vLLM", "modelID": "m", "hashScheme": "vllm",
                                          "blockSize": 16, "inferencePoolRef": {"name": "p"},
                                          "targetPort": 8000}),
-     ["inferencePoolRef excludes"]),
+     ["spec.inferencePoolRef: Invalid value: inferencePoolRef excludes selector, targetPort and "
+      "endpoints (the pool is the replica set)"]),
     (team_a("PDTopology", "bad-acc", {"acceleratorTypes": [{"name": "h100"}],
                                       "decodePools": [{"name": "d", "acceleratorType": "mi300"}]}),
      ["every decodePools[].acceleratorType must name a declared acceleratorTypes[].name"]),
@@ -347,22 +350,25 @@ def test_serve_follows_edits_fills_status_and_holds_the_lease(kube, cluster):
 
     # An edit reaches the snapshot.
     assert '"minimumMatchedTokens": 96' not in json.dumps(a.policy())
-    kube.kubectl("patch", f"cachepolicies.{GROUP}", "-n", "team-a",
-                 get(kube, f"cachepolicies.{GROUP}", "-n", "team-a")["items"][0]["metadata"]["name"],
+    kube.kubectl("patch", f"cachepolicies.{GROUP}", "-n", "team-a", "default",
                  "--type=merge", "-p", '{"spec": {"minimumMatchedTokens": 96}}')
     wait_until(lambda: '"minimumMatchedTokens": 96' in json.dumps(a.policy()), timeout=10,
                what="the edit in /policy")
 
-    # The status columns: Ready on the policy, Entries on the tenant, the CacheIndex.
+    # The status columns: Ready on the policy (other tests may have left younger
+    # policies in team-a: the sample is the oldest, so the effective one), Entries
+    # on the tenant, the CacheIndex.
     def ready():
-        p = get(kube, f"cachepolicies.{GROUP}", "-n", "team-a")["items"][0]
+        p = get(kube, f"cachepolicies.{GROUP}/default", "-n", "team-a")
         c = condition(p, "Ready")
         return c and c["status"] == "True" and p["status"].get("observedGeneration") == p["metadata"]["generation"]
     wait_until(ready, timeout=15, what="CachePolicy Ready=True at its generation")
-    wait_until(lambda: "indexEntries" in get(kube, f"cachetenants.{GROUP}", "-n", "team-a")["items"][0]
-               .get("status", {}), timeout=15, what="CacheTenant status.indexEntries")
-    columns = kube.kubectl("get", f"cachetenants.{GROUP}", "-n", "team-a").stdout
-    assert "ENTRIES" in columns and "0" in columns.splitlines()[1], columns
+    wait_until(lambda: get(kube, f"cachetenants.{GROUP}/team-a", "-n", "team-a")
+               .get("status", {}).get("indexEntries") == 0, timeout=15,
+               what="CacheTenant status.indexEntries")
+    columns = kube.kubectl("get", f"cachetenants.{GROUP}/team-a", "-n", "team-a").stdout.splitlines()
+    assert "ENTRIES" in columns[0], columns
+    assert columns[1].split()[columns[0].split().index("ENTRIES")] == "0", columns
     index = get(kube, f"cacheindexes.{GROUP}/cluster")
     assert "tenants" in index.get("status", {}), index
 
