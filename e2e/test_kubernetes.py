@@ -11,12 +11,13 @@ import pathlib
 import signal
 import subprocess
 import time
+from datetime import datetime
 
 import pytest
 import requests
 import yaml
 
-from conftest import REPO, free_port, sidecar_binary, wait_until
+from conftest import REPO, envoy_binary, free_port, sidecar_binary, wait_until
 from kubeapi import ControlPlane, CuttableProxy, build_binaries, make_cert
 
 SYSTEM_NS = "inferencecache-system"
@@ -408,7 +409,6 @@ def status_writes(kube, jti: str, since: float) -> list:
 
 
 def _epoch(ts: str) -> float:
-    from datetime import datetime
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
@@ -611,7 +611,6 @@ def test_the_rendered_chart_passes_a_server_side_dry_run(kube, values):
 
 
 def test_the_charts_envoy_config_is_the_manifests_one_and_validates(kube, tmp_path):
-    from conftest import envoy_binary
     rendered = {o["metadata"]["name"]: o for o in render(kube) if o["kind"] == "ConfigMap"}
     chart_envoy = yaml.safe_load(rendered["ic-envoy-config"]["data"]["envoy.yaml"])
     manifest = docs(REPO / "manifests" / "envoy-config.yaml")[0]
