@@ -4,15 +4,19 @@ directory, on free ports, with certificates made by openssl.
 
 No kubelet, scheduler or controller-manager: objects are stored, validated
 (schema, CEL, admission webhooks), watched and authorized for real, but no pod
-ever runs. What the apiserver needs beyond the defaults is the minimum for that:
+ever runs. Beyond ports, storage and the serving certificate, the apiserver
+needs only:
 
-- a serving certificate for 127.0.0.1 (own CA), a static token file (the
-  administrator's token, group system:masters), RBAC authorization;
-- a service-account issuer and signing key, so `kubectl create token` mints
+- a static token file (the administrator's token, group system:masters) and
+  RBAC authorization, so the sidecar runs with exactly manifests/rbac.yaml;
+- a service-account issuer and key pair, so `kubectl create token` mints
   tokens for the ServiceAccounts the manifests create;
-- `--endpoint-reconciler-type=none` (no kubernetes Service endpoints to keep),
-  `--disable-admission-plugins=ServiceAccount` (no token controller runs), a
-  service CIDR (required).
+- `--advertise-address 127.0.0.1`, for hosts whose only interface is loopback;
+- an audit log of status and Lease writes (what the failover test reads).
+
+Neither `--endpoint-reconciler-type=none` nor disabling the ServiceAccount
+admission plugin is needed while the suite creates no pods, and the default
+service CIDR will do.
 """
 
 import os
@@ -165,10 +169,6 @@ class ControlPlane:
                 "--service-account-issuer", "https://kubernetes.default.svc",
                 "--service-account-key-file", str(d / "sa.pub"),
                 "--service-account-signing-key-file", str(d / "sa.key"),
-                "--service-cluster-ip-range", "10.96.0.0/24",
-                "--endpoint-reconciler-type", "none",
-                "--disable-admission-plugins", "ServiceAccount",
-                "--cert-dir", str(d / "apiserver-certs"),
                 "--audit-policy-file", str(d / "audit-policy.yaml"),
                 "--audit-log-path", str(d / "audit.log"),
                 "--audit-log-format", "json",
