@@ -63,6 +63,12 @@ def crd_schema(kind: str) -> dict:
 # --- the CRDs ---------------------------------------------------------------------
 
 
+def test_the_apiserver_and_kubectl_are_the_pinned_release(kube):
+    versions = json.loads(kube.kubectl("version", "-o", "json").stdout)
+    assert versions["serverVersion"]["gitVersion"] == "v1.36.3", versions
+    assert versions["clientVersion"]["gitVersion"] == "v1.36.3", versions
+
+
 def test_the_crds_establish_and_equal_the_generated_output(kube):
     generated = subprocess.run([sidecar_binary(), "crds"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
