@@ -9,6 +9,10 @@ source e2e/venv.sh
 # plain `cargo test`, which runs before the venv exists).
 cargo test --quiet --test tokenizer_files -- --ignored
 cargo build --quiet --bin inferencecache --bin inferencecache-sim
+# kube-apiserver, etcd, kubectl and helm for test_kubernetes.py: built once from
+# the Go module proxy (needs Go), cached; a failed build fails the run here.
+INFERENCECACHE_KUBE_BIN="$(bash e2e/kube/build.sh)"
+export INFERENCECACHE_KUBE_BIN
 target_dir="${CARGO_TARGET_DIR:-target}"
 export INFERENCECACHE_BIN="${INFERENCECACHE_BIN:-$target_dir/debug/inferencecache}"
 exec python -m pytest -q e2e "$@"

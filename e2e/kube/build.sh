@@ -13,12 +13,16 @@ HELM_VERSION=${HELM_VERSION:-v3.22.0}
 
 command -v go >/dev/null || { echo "build.sh: go is required (Go >= 1.25)" >&2; exit 1; }
 
+# Bumped whenever the way the binaries are built changes, so a cache made the
+# old way is not reused.
+RECIPE=2
+
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache
-bin=$cache/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION/bin
+bin=$cache/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-r$RECIPE/bin
 mkdir -p "$bin"
 export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-mod=mod GOTOOLCHAIN=local
 # One package at a time: the machines this runs on are small and shared.
-build_flags=(-p 1 -trimpath -ldflags=-s)
+build_flags=(-p 1 -trimpath)
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -48,8 +52,16 @@ import (
 )
 GO
     go mod tidy
-    go build "${build_flags[@]}" -o "$bin/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-    go build "${build_flags[@]}" -o "$bin/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
+    # The version stamps a release build carries, so /version and kubectl
+    # report the real version (unstamped: v0.0.0-master).
+    minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+    stamp="-s -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
+    stamp+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+    stamp+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    stamp+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
+    stamp+=" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+    go build "${build_flags[@]}" -ldflags="$stamp" -o "$bin/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+    go build "${build_flags[@]}" -ldflags="$stamp" -o "$bin/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
     mv "$bin/kube-apiserver.tmp" "$bin/kube-apiserver"
     mv "$bin/kubectl.tmp" "$bin/kubectl"
     echo "build.sh: kube-apiserver + kubectl built in $((SECONDS - start)) s" >&2
@@ -65,14 +77,21 @@ if [[ ! -x $bin/etcd ]]; then
     go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
     printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
     go mod tidy
-    go build "${build_flags[@]}" -o "$bin/etcd" go.etcd.io/etcd/server/v3
+    go build "${build_flags[@]}" -ldflags=-s -o "$bin/etcd" go.etcd.io/etcd/server/v3
     echo "build.sh: etcd built in $((SECONDS - start)) s" >&2
 fi
 
 if [[ ! -x $bin/helm ]]; then
     echo "build.sh: building helm $HELM_VERSION" >&2
     start=$SECONDS
-    GOBIN=$scratch/helm go install "${build_flags[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    # Stamped as a release build is; `helm template` assumes the Kubernetes
+    # version the suite runs (unstamped: v1.20).
+    minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+    stamp="-s -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    for pkg in pkg/chartutil pkg/lint/rules; do
+        stamp+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor"
+    done
+    GOBIN=$scratch/helm go install "${build_flags[@]}" -ldflags="$stamp" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
     mv "$scratch/helm/helm" "$bin/helm"
     echo "build.sh: helm built in $((SECONDS - start)) s" >&2
 fi

@@ -61,12 +61,24 @@ pub struct CacheTenantSpec {
 
     /// Isolation between tenants; Fairness is the only mode of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "isolation_mode_schema")]
     pub isolation_mode: Option<IsolationMode>,
 
     /// Reserved for future cryptographic isolation settings; kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "kept_as_given")]
     pub crypto: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// `spec.isolationMode`: the modes only. An absent field is simply omitted; a
+/// `null` in the enum would make the apiserver offer `"null"` as a supported
+/// value in its refusal.
+fn isolation_mode_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Isolation between tenants; Fairness is the only mode of the current phase.",
+        "type": "string",
+        "enum": ["Fairness"],
+    })
 }
 
 /// An object the apiserver stores whole: `x-kubernetes-preserve-unknown-fields`

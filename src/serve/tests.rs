@@ -18,6 +18,20 @@ fn kubernetes_mode_needs_no_config_and_accepts_one() {
     assert!(both.serve.kubernetes && both.serve.config.is_some());
 }
 
+#[test]
+fn the_lease_duration_is_whole_seconds_of_at_least_three() {
+    let cli = Cli::try_parse_from(["x", "--kubernetes"]).unwrap();
+    assert_eq!(cli.serve.lease_duration, LeaseConfig::DEFAULT_DURATION);
+    let cli = Cli::try_parse_from(["x", "--kubernetes", "--lease-duration", "1m"]).unwrap();
+    assert_eq!(cli.serve.lease_duration, Duration::from_secs(60));
+    for bad in ["2s", "3500ms", "soon"] {
+        let Err(e) = Cli::try_parse_from(["x", "--kubernetes", "--lease-duration", bad]) else {
+            panic!("--lease-duration {bad} accepted");
+        };
+        assert!(e.to_string().contains("--lease-duration"), "{e}");
+    }
+}
+
 #[tokio::test]
 async fn neither_source_is_a_clear_error() {
     let cli = Cli::try_parse_from(["x"]).unwrap();

@@ -130,6 +130,19 @@ fn policy_minimums_types_enums_and_unknown_fields() {
     assert!(m.contains("spec.evictionTTL"), "{m}");
     let m = denied("CachePolicy", json!({"eviction": "FIFO"}));
     assert!(m.contains("spec.eviction: \"FIFO\" is not one of"), "{m}");
+    // An absent isolationMode is fine; the refusal lists the modes, never "null".
+    admitted(
+        "CacheTenant",
+        json!({"tenantID": "acme", "isolationMode": "Fairness"}),
+    );
+    let m = denied(
+        "CacheTenant",
+        json!({"tenantID": "acme", "isolationMode": "Strict"}),
+    );
+    assert!(
+        m.contains(r#"spec.isolationMode: "Strict" is not one of ["Fairness"]"#),
+        "{m}"
+    );
     let m = denied("CachePolicy", json!({"affinityRouting": true}));
     assert!(
         m.contains("spec.affinityRouting: must be of type string"),

@@ -170,7 +170,10 @@ impl Verdict {
         if let Some(c) = &candidates
             && c.is_empty()
         {
-            return (Self::no_eligible_endpoint(metrics, config, input), None);
+            return (
+                Self::outside_the_scope(router, metrics, config, input, now),
+                None,
+            );
         }
         let candidates: &[String] = candidates.as_deref().unwrap_or(&[]);
         // The detail and the policy revision are only ever echoed to a
@@ -256,7 +259,13 @@ impl Verdict {
             match fallback {
                 Some(ep) => destination = Some(ep.to_string()),
                 None if input.subset.is_some() => {
-                    return (Self::no_eligible_endpoint(metrics, config, input), None);
+                    let subset = input.subset.unwrap_or(&[]);
+                    match subset_member(router, &f.model, subset, now) {
+                        Some(ep) => destination = Some(ep),
+                        None => {
+                            return (Self::no_eligible_endpoint(metrics, config, input), None);
+                        }
+                    }
                 }
                 None => {
                     refusal = Some(format!(
@@ -289,6 +298,37 @@ impl Verdict {
         (verdict, inflight)
     }
 
+    /// The gateway's subset names no replica of the request's scope (a bodiless
+    /// `GET /health` has no model and no chain; a new pool has no KV events yet):
+    /// a subset member the fleet or the policy knows still serves it, with no
+    /// hint; only a subset with no such member gets the 503.
+    fn outside_the_scope(
+        router: &Router,
+        metrics: &Metrics,
+        config: &ExtProcConfig,
+        input: &Input<'_>,
+        now: Timestamp,
+    ) -> Self {
+        let subset = input.subset.unwrap_or(&[]);
+        let Some(destination) = subset_member(router, &input.parsed.fields.model, subset, now)
+        else {
+            return Self::no_eligible_endpoint(metrics, config, input);
+        };
+        metrics.record_decision(DecisionPath::ExtProc, ReasonCode::NoHint, Duration::ZERO);
+        let upstream = vec![(REASON, ReasonCode::NoHint.as_str().to_string())];
+        let debug_echo = if input.parsed.debug && config.debug_headers_allowed {
+            upstream.clone()
+        } else {
+            Vec::new()
+        };
+        Self {
+            destination: Some(destination),
+            upstream,
+            debug_echo,
+            refusal: None,
+        }
+    }
+
     /// The gateway's subset holds no serving replica of the request's scope: the
     /// protocol's 503, with the subset named in the body.
     fn no_eligible_endpoint(metrics: &Metrics, config: &ExtProcConfig, input: &Input<'_>) -> Self {
@@ -310,6 +350,30 @@ impl Verdict {
             )),
         }
     }
+}
+
+/// The last resort among a gateway's subset: an endpoint serving any scope (the
+/// request model's scopes first, least loaded), else the first endpoint the policy
+/// declares as a replica (an InferencePool member that reported nothing yet).
+/// `None` when no subset endpoint is a replica at all.
+fn subset_member(
+    router: &Router,
+    model: &str,
+    subset: &[String],
+    now: Timestamp,
+) -> Option<String> {
+    let addrs: Vec<&str> = subset.iter().map(String::as_str).collect();
+    if let Some(ep) = router.fallback_in_fleet(model, Some(&addrs), now) {
+        return Some(ep.to_string());
+    }
+    let snapshot = router.snapshot();
+    let declared = |a: &str| {
+        snapshot
+            .backends()
+            .iter()
+            .any(|b| b.replicas.iter().any(|r| r.address == a))
+    };
+    addrs.into_iter().find(|a| declared(a)).map(str::to_string)
 }
 
 /// The debug detail of a 503 for an empty eligible subset.

@@ -8,7 +8,8 @@
 //!   test calls [`ApiServer::release`]; every other WATCH is held open.
 //! - PATCH `…/status` answers the object named, `POST` creates; the CacheIndex
 //!   singleton answers 404 until created when the scenario says it is missing.
-//! - A resource in [`Scenario::missing`] (its CRD not installed) answers 404.
+//! - A resource in [`Scenario::missing`] (its CRD not installed) answers the
+//!   apiserver's plain-text 404.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl ApiServer {
                         let query = parts.uri.query().unwrap_or("");
                         let resource = resource_of(&path);
                         if scenario.missing.contains(&resource.as_str()) {
-                            send.send_response(not_found(&resource));
+                            send.send_response(no_such_resource());
                         } else if parts.method == Method::GET && query.contains("watch=true") {
                             let first = !watched.contains(&resource);
                             watched.push(resource.clone());
@@ -154,6 +155,16 @@ fn watch_body(events: Vec<Value>) -> Response<Body> {
     Response::builder()
         .status(StatusCode::OK)
         .body(Body::from(text))
+        .unwrap()
+}
+
+/// What a real apiserver answers for a resource whose CRD is not installed: a
+/// plain-text 404, no `Status` body.
+fn no_such_resource() -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Body::from(b"404 page not found\n".to_vec()))
         .unwrap()
 }
 

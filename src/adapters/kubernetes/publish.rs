@@ -1,6 +1,8 @@
 //! Sends the statuses [`super::status`] computes: JSON merge patches on the status
 //! subresources, only while this replica holds the Lease, every `period` and
-//! after each rebuild.
+//! after each rebuild. Each write is checked against the local leadership
+//! deadline ([`Leadership::until`]) and abandoned when it passes mid-request, so
+//! a replica cut off from the apiserver never writes once another may lead.
 //!
 //! ```text
 //!  Observed (watch) ─┐
@@ -25,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::watch as latest;
 
+use super::leader::Leadership;
 use super::status::{self, merge_patch};
 use super::watch::Observed;
 use crate::core::Router;
@@ -50,6 +53,8 @@ pub struct Round {
     pub written: usize,
     pub unchanged: usize,
     pub failed: usize,
+    /// Not written because leadership ended first.
+    pub not_leading: usize,
 }
 
 impl Publisher {
@@ -59,7 +64,12 @@ impl Publisher {
 
     /// Writes every status that differs from what the objects carry, and the
     /// CacheIndex.
-    pub async fn publish(&self, observed: &Observed, now: Timestamp) -> Round {
+    pub async fn publish(
+        &self,
+        observed: &Observed,
+        leadership: &Leadership,
+        now: Timestamp,
+    ) -> Round {
         let view = self.router.view(now);
         let snapshot = self.router.snapshot();
         let at = status::time(now);
@@ -67,28 +77,38 @@ impl Publisher {
         let mut round = Round::default();
         for p in &observed.objects.policies {
             let s = status::policy_status(p, v, &at);
-            self.write(p.as_ref(), &p.status, &s, &mut round).await;
+            self.write(p.as_ref(), &p.status, &s, leadership, &mut round)
+                .await;
         }
         for t in &observed.objects.tenants {
             let s = status::tenant_status(t, v, &view, &at);
-            self.write(t.as_ref(), &t.status, &s, &mut round).await;
+            self.write(t.as_ref(), &t.status, &s, leadership, &mut round)
+                .await;
         }
         for b in &observed.objects.backends {
             let s = status::backend_status(b, v, &snapshot, &view, &at);
-            self.write(b.as_ref(), &b.status, &s, &mut round).await;
+            self.write(b.as_ref(), &b.status, &s, leadership, &mut round)
+                .await;
         }
         for t in &observed.templates {
             let s = status::template_status(t, &at);
-            self.write(t.as_ref(), &t.status, &s, &mut round).await;
+            self.write(t.as_ref(), &t.status, &s, leadership, &mut round)
+                .await;
         }
         for t in &observed.topologies {
             let s = status::topology_status(t, &at);
-            self.write(t.as_ref(), &t.status, &s, &mut round).await;
+            self.write(t.as_ref(), &t.status, &s, leadership, &mut round)
+                .await;
         }
         let index = status::cache_index_status(&view, &snapshot, now);
-        match self.write_cache_index(&index).await {
-            Ok(()) => round.written += 1,
-            Err(e) => {
+        let Some(until) = leadership.until() else {
+            round.not_leading += 1;
+            return round;
+        };
+        match tokio::time::timeout_at(until, self.write_cache_index(&index)).await {
+            Err(_) => round.not_leading += 1,
+            Ok(Ok(())) => round.written += 1,
+            Ok(Err(e)) => {
                 round.failed += 1;
                 tracing::warn!(error = %e, "CacheIndex status not written");
             }
@@ -97,8 +117,14 @@ impl Publisher {
     }
 
     /// Patches one namespaced object's status if it differs.
-    async fn write<K, S>(&self, obj: &K, current: &Option<S>, desired: &S, round: &mut Round)
-    where
+    async fn write<K, S>(
+        &self,
+        obj: &K,
+        current: &Option<S>,
+        desired: &S,
+        leadership: &Leadership,
+        round: &mut Round,
+    ) where
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
             + DeserializeOwned
@@ -118,10 +144,17 @@ impl Publisher {
         let ns = obj.namespace().unwrap_or_default();
         let name = obj.name_any();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-        {
+        let Some(until) = leadership.until() else {
+            round.not_leading += 1;
+            return;
+        };
+        let (params, body) = (PatchParams::default(), Patch::Merge(&body));
+        let patch = api.patch_status(&name, &params, &body);
+        let Ok(written) = tokio::time::timeout_at(until, patch).await else {
+            round.not_leading += 1;
+            return;
+        };
+        match written {
             Ok(_) => round.written += 1,
             // Deleted since the rebuild: nothing to report on.
             Err(kube::Error::Api(e)) if e.code == 404 => round.unchanged += 1,
@@ -162,12 +195,12 @@ impl Publisher {
     }
 }
 
-/// Publishes while `leader` is true: every `period`, after each rebuild, and as
-/// soon as leadership is gained. Ends when the watch side is gone.
+/// Publishes while this replica leads: every `period`, after each rebuild, and
+/// as soon as leadership is gained. Ends when the watch side is gone.
 pub async fn run(
     publisher: Publisher,
     mut observed: latest::Receiver<Arc<Observed>>,
-    mut leader: latest::Receiver<bool>,
+    mut leadership: Leadership,
     period: Duration,
 ) {
     let mut tick = tokio::time::interval(period);
@@ -176,9 +209,9 @@ pub async fn run(
         tokio::select! {
             _ = tick.tick() => {}
             changed = observed.changed() => if changed.is_err() { return },
-            changed = leader.changed() => if changed.is_err() { return },
+            changed = leadership.changed() => if changed.is_err() { return },
         }
-        if !*leader.borrow_and_update() {
+        if !leadership.leads() {
             continue;
         }
         let current = observed.borrow_and_update().clone();
@@ -186,7 +219,9 @@ pub async fn run(
         if current.revision.is_empty() {
             continue;
         }
-        let round = publisher.publish(&current, Timestamp::now()).await;
+        let round = publisher
+            .publish(&current, &leadership, Timestamp::now())
+            .await;
         tracing::debug!(?round, "statuses published");
         // Rebuilds can come 10 times a second during a rollout; statuses need not.
         tokio::time::sleep(MIN_GAP.min(period)).await;

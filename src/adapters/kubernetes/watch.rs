@@ -109,6 +109,36 @@ impl PoolWatch {
     }
 }
 
+/// Why the InferencePools cannot be read, in words for a condition message: the
+/// apiserver's answer without the client's debug dump (a missing CRD answers a
+/// plain-text 404 that the client wraps in a synthetic `Status`).
+fn pool_watch_problem(e: &watcher::Error) -> String {
+    let api = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.as_ref()),
+        watcher::Error::WatchError(s) => Some(s.as_ref()),
+        _ => None,
+    };
+    match api {
+        Some(s) if s.code == 404 => {
+            "the InferencePool CRD (inferencepools.inference.networking.k8s.io, \
+             v1) is not installed"
+                .to_string()
+        }
+        Some(s) if s.code == 403 => format!(
+            "listing inferencepools is forbidden ({}); the ClusterRole needs get/list/watch on \
+             inferencepools.inference.networking.k8s.io",
+            s.message
+        ),
+        Some(s) => format!(
+            "the InferencePool watch fails: {} {}: {}",
+            s.code, s.reason, s.message
+        ),
+        None => format!("the InferencePool watch fails: {e}"),
+    }
+}
+
 /// Which watch an event came from; the first four make up the routing policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
@@ -232,10 +262,7 @@ pub async fn run(
                     dirty_since = Some(tokio::time::Instant::now());
                 }
                 Some((Source::Pools, Signal::Failed(e))) => {
-                    let why = format!(
-                        "the InferencePool watch fails ({e}); is the Gateway API Inference \
-                         Extension CRD installed, and may we list inferencepools?"
-                    );
+                    let why = pool_watch_problem(&e);
                     if !pool_watch.listed && pool_watch.failing.as_deref() != Some(why.as_str()) {
                         tracing::warn!(
                             error = %e,

@@ -791,3 +791,56 @@ async fn a_small_body_is_routed_inline_and_trailers_still_come_last() {
         ));
     }
 }
+
+#[test]
+fn a_bodiless_request_outside_any_scope_is_served_by_a_subset_member() {
+    // GIE style (ORIGINAL_DST, FULL_DUPLEX_STREAMED, fail-closed gateway): a
+    // `GET /health` has no model and no chain, and the pool's replicas reported
+    // no KV events yet. A subset endpoint the policy declares is still a member
+    // of the pool, so it serves the request; a subset of strangers is the 503.
+    let now = Timestamp::now();
+    let snapshot = mk_snapshot_with(
+        &[
+            ("r1", "127.0.0.1:8001"),
+            ("r2", "127.0.0.1:8002"),
+            ("r3", "127.0.0.1:8003"),
+        ],
+        ResolvedPolicy::default(),
+    );
+    let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
+    let svc = ExtProc::new(
+        router,
+        metrics,
+        ExtProcConfig {
+            destination_mode: DestinationMode::OriginalDst,
+            ..ExtProcConfig::default()
+        },
+    )
+    .with_body_router(Arc::new(JsonChainDouble { limit: 1 << 20 }));
+    let health = |subset: &[&str]| {
+        let mut st = StreamState::default();
+        let mut msg = mk_request(&[(":path", "/health"), (":method", "GET")]);
+        if let Some(Message::RequestHeaders(h)) = &mut msg.request {
+            h.end_of_stream = true;
+        }
+        msg.protocol_config = Some(protocol(BodySendMode::FullDuplexStreamed));
+        let mut with_subset = headers_msg(BodySendMode::FullDuplexStreamed, &[], Some(subset));
+        msg.metadata_context = with_subset.metadata_context.take();
+        send(&svc, &mut st, msg)
+    };
+    let out = health(&["127.0.0.1:8002"]);
+    assert_eq!(
+        destination_of(&out[0]).as_deref(),
+        Some("127.0.0.1:8002"),
+        "{out:?}"
+    );
+    let out = health(&["10.9.9.9:1", "127.0.0.1:8003"]);
+    assert_eq!(destination_of(&out[0]).as_deref(), Some("127.0.0.1:8003"));
+    let out = health(&["10.9.9.9:1"]);
+    let Some(Reply::ImmediateResponse(im)) = &out[0].response else {
+        panic!("expected 503, got {:?}", out[0])
+    };
+    assert_eq!(im.status.as_ref().map(|s| s.code), Some(503));
+    assert!(String::from_utf8_lossy(&im.body).contains("no_eligible_endpoint_in_subset"));
+}

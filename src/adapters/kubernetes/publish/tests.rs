@@ -10,6 +10,7 @@ use crate::crd::cache_backend::CacheBackend;
 use crate::crd::cache_policy::CachePolicy;
 use crate::crd::cache_tenant::CacheTenant;
 use crate::crd::objects::PolicyObjects;
+use tokio::time::Instant;
 
 const API: &str = "inferencecache.io/v1alpha1";
 
@@ -135,15 +136,20 @@ async fn patches_statuses_and_creates_the_cache_index() {
     let w = world();
     let (client, server) = ApiServer::start(scenario(&w, false));
     let publisher = Publisher::new(client, w.router.clone());
-    let round =
-        timeout_after_1s(publisher.publish(&w.observed, Timestamp::from_secs(1_800_000_001))).await;
+    let round = timeout_after_1s(publisher.publish(
+        &w.observed,
+        &leading(),
+        Timestamp::from_secs(1_800_000_001),
+    ))
+    .await;
     let seen = server.requests();
     assert_eq!(
         round,
         Round {
             written: 5,
             unchanged: 0,
-            failed: 0
+            failed: 0,
+            not_leading: 0
         },
         "{seen:#?}"
     );
@@ -216,8 +222,12 @@ async fn a_status_that_already_says_the_same_is_not_written() {
     w.observed.objects.policies[0] = Arc::new(with_status);
     let (client, server) = ApiServer::start(scenario(&w, true));
     let publisher = Publisher::new(client, w.router.clone());
-    let round =
-        timeout_after_1s(publisher.publish(&w.observed, Timestamp::from_secs(1_800_000_050))).await;
+    let round = timeout_after_1s(publisher.publish(
+        &w.observed,
+        &leading(),
+        Timestamp::from_secs(1_800_000_050),
+    ))
+    .await;
     assert_eq!(round.unchanged, 1);
     assert!(
         !server
@@ -234,7 +244,7 @@ async fn only_the_leader_writes() {
     let w = world();
     let (client, server) = ApiServer::start(scenario(&w, true));
     let (_otx, orx) = latest::channel(Arc::new(w.observed.clone()));
-    let (ltx, lrx) = latest::channel(false);
+    let (ltx, lrx) = Leadership::manual();
     tokio::spawn(run(
         Publisher::new(client, w.router.clone()),
         orx,
@@ -247,7 +257,7 @@ async fn only_the_leader_writes() {
         "a follower wrote: {:#?}",
         server.requests()
     );
-    ltx.send_replace(true);
+    ltx.send_replace(Some(Instant::now() + Duration::from_secs(60)));
     timeout_after_1s(async {
         while server.requests().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -259,5 +269,38 @@ async fn only_the_leader_writes() {
             .requests()
             .iter()
             .all(|s| s.method == http::Method::PATCH)
+    );
+}
+
+/// Leading for the next minute.
+fn leading() -> Leadership {
+    let (tx, leadership) = Leadership::manual();
+    tx.send_replace(Some(Instant::now() + Duration::from_secs(60)));
+    // The sender may go: the deadline stays.
+    drop(tx);
+    leadership
+}
+
+/// A round that outlives the local leadership deadline writes nothing after
+/// it: the deadline guards each write, not only the start of the round.
+#[tokio::test]
+async fn no_write_once_the_leadership_deadline_passed() {
+    let w = world();
+    let (client, server) = ApiServer::start(scenario(&w, true));
+    let publisher = Publisher::new(client, w.router.clone());
+    let (tx, leadership) = Leadership::manual();
+    tx.send_replace(Some(Instant::now() - Duration::from_millis(1)));
+    let round = timeout_after_1s(publisher.publish(
+        &w.observed,
+        &leadership,
+        Timestamp::from_secs(1_800_000_001),
+    ))
+    .await;
+    assert_eq!(round.written, 0, "{round:?}");
+    assert!(round.not_leading > 0, "{round:?}");
+    assert!(
+        server.requests().is_empty(),
+        "written after the deadline: {:#?}",
+        server.requests()
     );
 }

@@ -517,7 +517,11 @@ async fn without_the_inference_pool_crd_other_backends_keep_working() {
         problem
             .message
             .contains("InferencePool team-b/llama cannot be read")
-            && problem.message.contains("CRD installed"),
+            && problem.message.contains("InferencePool CRD")
+            && problem.message.contains("is not installed")
+            // Words, not the client's debug dump of the 404.
+            && !problem.message.contains("Status {")
+            && !problem.message.contains("Failed to parse"),
         "{}",
         problem.message
     );
