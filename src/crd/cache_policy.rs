@@ -100,6 +100,48 @@ pub struct CachePolicySpec {
     /// to the same block on GPU (1).
     #[serde(default)]
     pub tier_weights: TierWeights,
+
+    /// Holding, ordering and shedding requests when every eligible replica is
+    /// saturated; off by default, and below saturation it never changes a decision.
+    #[serde(default)]
+    pub flow_control: FlowControl,
+}
+
+/// `spec.flowControl`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowControl {
+    /// Hold requests above capacity instead of sending them to a saturated engine.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Longest a request is held before it is shed as `queue-timeout` (a positive
+    /// Go duration). Keep it below the proxy's ext_proc message timeout.
+    #[serde(default = "default_max_queue_wait")]
+    #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("maxQueueWait must be positive"))]
+    pub max_queue_wait: String,
+    /// Requests held at once by one sidecar; when full the lowest priority is shed.
+    #[serde(default = "default_max_queued_requests")]
+    #[schemars(range(min = 1))]
+    pub max_queued_requests: i32,
+}
+
+fn default_max_queue_wait() -> String {
+    "1s".to_string()
+}
+
+fn default_max_queued_requests() -> i32 {
+    crate::core::policy::FlowControl::DEFAULT_MAX_QUEUED as i32
+}
+
+impl Default for FlowControl {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_queue_wait: default_max_queue_wait(),
+            max_queued_requests: default_max_queued_requests(),
+        }
+    }
 }
 
 /// `spec.tierWeights`: quoted decimals in [0, 1]; `"0"` ignores the tier.
@@ -160,6 +202,7 @@ impl Default for CachePolicySpec {
             load_awareness: LoadAwareness::default(),
             load_balancing: LoadBalancing::default(),
             tier_weights: TierWeights::default(),
+            flow_control: FlowControl::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ fn mk_router() -> (Router, Timestamp) {
         policy_name: Some("default".into()),
         policy: Arc::new(ResolvedPolicy::default()),
         max_index_entries: Some(100),
+        fair_weight: None,
     };
     let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
     let router = Router::new(IndexConfig::default(), snap, now);
@@ -122,6 +123,7 @@ fn declared_tenants_are_listed_even_when_empty() {
         policy_name: None,
         policy: Arc::new(ResolvedPolicy::default()),
         max_index_entries: None,
+        fair_weight: None,
     };
     let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
     let router = Router::new(IndexConfig::default(), snap, now);
