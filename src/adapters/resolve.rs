@@ -452,12 +452,17 @@ pub fn resolve_policy(
     };
 
     let fc = &spec.flow_control;
-    let flow_control = crate::core::policy::FlowControl {
+    use crate::core::policy::FlowControl;
+    let flow_control = FlowControl {
         enabled: fc.enabled,
         max_queue_wait: match parse_duration(&fc.max_queue_wait) {
-            Ok(d) if !d.is_zero() => d,
-            Ok(_) => {
+            Ok(d) if !d.is_zero() && d <= FlowControl::MAX_QUEUE_WAIT => d,
+            Ok(d) if d.is_zero() => {
                 errors.push(("spec.flowControl.maxQueueWait", "must be positive".into()));
+                crate::core::policy::FlowControl::DEFAULT_MAX_QUEUE_WAIT
+            }
+            Ok(_) => {
+                errors.push(("spec.flowControl.maxQueueWait", MAX_WAIT_MESSAGE.into()));
                 crate::core::policy::FlowControl::DEFAULT_MAX_QUEUE_WAIT
             }
             Err(e) => {
@@ -521,6 +526,10 @@ pub fn resolve_policy(
         Err(errors)
     }
 }
+
+/// Why a `maxQueueWait` over [`crate::core::policy::FlowControl::MAX_QUEUE_WAIT`] is refused.
+pub const MAX_WAIT_MESSAGE: &str = "must be at most 29s: a held request asks Envoy to wait \
+     maxQueueWait + 1s, and the shipped configs grant at most 30s (max_message_timeout)";
 
 fn resolve_backend(
     backend: &CacheBackend,

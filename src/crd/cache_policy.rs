@@ -114,11 +114,14 @@ pub struct FlowControl {
     /// Hold requests above capacity instead of sending them to a saturated engine.
     #[serde(default)]
     pub enabled: bool,
-    /// Longest a request is held before it is shed as `queue-timeout` (a positive
-    /// Go duration). Keep it below the proxy's ext_proc message timeout.
+    /// Longest a request is held before it is shed as `queue-timeout` (a Go
+    /// duration, above 0 and at most 29s). A held request asks Envoy to wait
+    /// this plus 1s for its answer (`override_message_timeout`), which Envoy's
+    /// `max_message_timeout` must allow.
     #[serde(default = "default_max_queue_wait")]
     #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("maxQueueWait must be positive"))]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('29s')").message("maxQueueWait must be at most 29s (Envoy's max_message_timeout, 30s in the shipped configs, less 1s)"))]
     pub max_queue_wait: String,
     /// Requests held at once by one sidecar; when full the lowest priority is shed.
     #[serde(default = "default_max_queued_requests")]

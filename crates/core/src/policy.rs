@@ -392,6 +392,9 @@ pub struct FlowControl {
 
 impl FlowControl {
     pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
+    /// The longest `maxQueueWait`: the shipped Envoy configs grant a held
+    /// request at most this plus a second (`max_message_timeout: 30s`).
+    pub const MAX_QUEUE_WAIT: Duration = Duration::from_secs(29);
     pub const DEFAULT_MAX_QUEUED: u32 = 1024;
 }
 
