@@ -122,3 +122,6 @@ impl FlowMetrics {
         self.sheds[i].inc();
     }
 }
+
+#[cfg(test)]
+mod tests;
