@@ -111,8 +111,9 @@ def test_a_held_request_is_released_to_the_replica_that_frees(held_stack):
     wait_until(lambda: s.metric('inferencecache_flow_queued_requests{priority="3"}') == 0,
                timeout=10, what="the queue empty")
     assert s.metric("inferencecache_flow_queue_wait_seconds_count") == 1
-    assert s.envoy.stats("http.ingress.ext_proc.message_timeouts").get(
-        "http.ingress.ext_proc.message_timeouts", 0) == 0
+    envoy = s.envoy.stats("http.ingress.ext_proc.")
+    assert envoy.get("http.ingress.ext_proc.override_message_timeout_received") == 1, envoy
+    assert envoy.get("http.ingress.ext_proc.message_timeouts", 0) == 0, envoy
 
 
 def test_a_full_queue_and_a_long_wait_are_shed_with_429(shedding_stack):
