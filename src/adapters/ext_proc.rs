@@ -26,6 +26,12 @@
 //! tokio's blocking pool once the body is over [`BLOCKING_ROUTE_BYTES`], so the
 //! async workers keep serving the other streams meanwhile.
 //!
+//! Above capacity (the tenant's `spec.flowControl`, see `flow` and
+//! docs/flow-control.md), a request about to be decided may instead be held: Envoy
+//! is asked to wait longer for this message, the stream loop awaits the release
+//! beside the inbound messages (their end is the client gone), and the decision
+//! runs at release; or it is shed with an ImmediateResponse 429.
+//!
 //! The gateway's endpoint subset (filter metadata, see `subset`) narrows the pick.
 //! What to echo on the response headers for a debugging client is kept across the
 //! stream; a message with nothing in it gets no reply, and the stream never fails
@@ -316,6 +322,9 @@ impl ExtProc {
             return false;
         }
         stream.flow_seen = true;
+        if !self.flow.applies_to(&fields.tenant) {
+            return false;
+        }
         let scope =
             crate::core::scope::ScopeRef::new(&fields.tenant, &fields.model, &fields.hash_scheme);
         let candidates = subset.map(|addrs| {
@@ -340,7 +349,7 @@ impl ExtProc {
             }
             flow::Gate::Held(pending) => {
                 out.push(ProcessingResponse {
-                    override_message_timeout: prost_types_duration(pending.message_timeout),
+                    override_message_timeout: protobuf_duration(pending.message_timeout),
                     ..ProcessingResponse::default()
                 });
                 stream.pending = Some(pending);
@@ -948,7 +957,7 @@ fn parked_debug(parked: &Parked) -> bool {
 }
 
 /// A protobuf duration (Envoy's `override_message_timeout`).
-fn prost_types_duration(d: Duration) -> Option<envoy_types::pb::google::protobuf::Duration> {
+fn protobuf_duration(d: Duration) -> Option<envoy_types::pb::google::protobuf::Duration> {
     Some(envoy_types::pb::google::protobuf::Duration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),

@@ -177,6 +177,17 @@ impl FlowGate {
         }
     }
 
+    /// Whether the tenant's policy enables flow control (one snapshot read):
+    /// the caller's cheap check before it gathers what [`Self::admit`] needs.
+    pub fn applies_to(&self, tenant: &str) -> bool {
+        self.router
+            .snapshot()
+            .tenant(tenant)
+            .policy
+            .flow_control
+            .enabled
+    }
+
     /// Flow control's say on a well-formed request about to be decided.
     /// `candidates`: the gateway's subset as replica ids (empty: all).
     pub fn admit(
