@@ -151,6 +151,10 @@ fn policy_shows_resolved_fields_per_namespace() {
     assert_eq!(p["affinityRouting"], "Enabled");
     assert_eq!(p["tierWeights"]["cpu"], "0.8");
     assert_eq!(p["tierWeights"]["disk"], "0.25");
+    assert_eq!(p["flowControl"]["enabled"], false);
+    assert_eq!(p["flowControl"]["maxQueueWait"], "1s");
+    assert_eq!(p["flowControl"]["maxQueuedRequests"], 1024);
+    assert_eq!(ns["fairWeight"], serde_json::Value::Null);
     assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
 }
 
