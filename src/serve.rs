@@ -386,6 +386,7 @@ pub async fn run_until(
             debug_headers_allowed: args.debug_headers == DebugHeaders::Allowed,
             destination_header: header,
             inflight_release: args.inflight_release,
+            ..ExtProcConfig::default()
         },
     )
     .with_drain(drain.clone())

@@ -23,6 +23,10 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 fn mk_snapshot() -> PolicySnapshot {
+    mk_snapshot_with(ResolvedPolicy::default())
+}
+
+fn mk_snapshot_with(policy: ResolvedPolicy) -> PolicySnapshot {
     let replicas = ["r1", "r2", "r3"]
         .iter()
         .enumerate()
@@ -48,7 +52,7 @@ fn mk_snapshot() -> PolicySnapshot {
         lora_adapters: Vec::new(),
         replicas,
     };
-    PolicySnapshot::new(ResolvedPolicy::default(), vec![], vec![backend])
+    PolicySnapshot::new(policy, vec![], vec![backend])
 }
 
 /// Clients of the two listeners, and the lookup port's address.
@@ -59,9 +63,13 @@ struct Servers {
 }
 
 async fn mk_server() -> Servers {
+    mk_server_with(mk_snapshot()).await
+}
+
+async fn mk_server_with(snapshot: PolicySnapshot) -> Servers {
     let router = Arc::new(Router::new(
         IndexConfig::default(),
-        mk_snapshot(),
+        snapshot,
         Timestamp::now(),
     ));
     let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
@@ -489,4 +497,54 @@ async fn lookup_identity_fields_select_the_blocks_of_that_identity() {
     let err = client.lookup_route(ask("", &long)).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("cache_salt"), "{}", err.message());
+}
+
+/// Flow control holds ext_proc requests only: with it on and every replica's
+/// engine reporting a full queue, LookupRoute still answers at once, with the
+/// decision of that moment.
+#[tokio::test]
+async fn lookup_is_never_held_by_flow_control() {
+    let policy = ResolvedPolicy {
+        flow_control: inferencecache::core::policy::FlowControl {
+            enabled: true,
+            max_queue_wait: std::time::Duration::from_secs(20),
+            max_queued: 1,
+        },
+        ..ResolvedPolicy::default()
+    };
+    let Servers {
+        lookup: mut client,
+        mut ingest,
+        ..
+    } = mk_server_with(mk_snapshot_with(policy)).await;
+    ingest
+        .ingest_events(ingest_req("r1", vec![stored(&CHAIN)]))
+        .await
+        .unwrap();
+    for replica in ["r1", "r2", "r3"] {
+        let stats = pb::ReportStatsRequest {
+            tenant_id: "acme".into(),
+            model_id: "llama".into(),
+            hash_scheme: "vllm".into(),
+            replica_id: replica.into(),
+            endpoint: String::new(),
+            stats: Some(pb::ReplicaStats {
+                waiting_requests: 50,
+                ..Default::default()
+            }),
+        };
+        ingest.report_stats(stats).await.unwrap();
+    }
+    for _ in 0..3 {
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            client.lookup_route(scope_req(&CHAIN)),
+        )
+        .await
+        .expect("answered, not held")
+        .unwrap()
+        .into_inner();
+        assert_eq!(answer.reason_code, pb::ReasonCode::PrefixMatch as i32);
+        assert_eq!(answer.scores[0].replica_id, "r1");
+    }
 }

@@ -320,6 +320,30 @@ fn every_envoy_config_strips_every_decision_header() {
     }
 }
 
+/// A request held by flow control asks Envoy to extend its message timeout to
+/// `maxQueueWait` + 1s; Envoy grants that only up to `max_message_timeout`,
+/// which every shipped config sets to the longest wait a policy may ask plus
+/// that second.
+#[test]
+fn every_envoy_config_lets_a_held_request_wait_its_longest_queue_wait() {
+    use inferencecache::adapters::ext_proc::flow::MESSAGE_TIMEOUT_MARGIN;
+    use inferencecache::core::policy::FlowControl;
+    let want = FlowControl::MAX_QUEUE_WAIT + MESSAGE_TIMEOUT_MARGIN;
+    let line = format!("max_message_timeout: {}s", want.as_secs());
+    for path in [
+        "envoy/override-host.yaml",
+        "envoy/original-dst.yaml",
+        "envoy/gie.yaml",
+        "manifests/envoy-config.yaml",
+    ] {
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        assert!(
+            text.lines().any(|l| l.trim() == line),
+            "{path} does not set {line}"
+        );
+    }
+}
+
 /// The sidecar's ClusterRole can get/list/watch every resource its watches read
 /// (`serve --kubernetes`), including GIE's InferencePools.
 #[test]

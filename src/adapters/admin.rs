@@ -252,6 +252,11 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "cpu": p.tier_weights.cpu.to_string(),
             "disk": p.tier_weights.disk.to_string(),
         },
+        "flowControl": {
+            "enabled": p.flow_control.enabled,
+            "maxQueueWait": format_duration(p.flow_control.max_queue_wait),
+            "maxQueuedRequests": p.flow_control.max_queued,
+        },
     })
 }
 
@@ -266,6 +271,7 @@ pub fn policy_json(snapshot: &PolicySnapshot) -> Value {
                 "tenantID": ns.tenant_id,
                 "policyName": ns.policy_name,
                 "maxIndexEntries": ns.max_index_entries,
+                "fairWeight": ns.fair_weight,
                 "policy": resolved_policy_json(&ns.policy),
             })
         })

@@ -235,6 +235,22 @@ fn policy_rules(p: &CachePolicy) -> Vec<Finding> {
             out.push(Finding::always(e));
         }
     }
+    let wait = &p.spec.flow_control.max_queue_wait;
+    match crate::core::policy::parse_duration(wait) {
+        Ok(d) if d.is_zero() => out.push(Finding::always(
+            "spec.flowControl.maxQueueWait: must be positive".into(),
+        )),
+        Ok(d) if d > crate::core::policy::FlowControl::MAX_QUEUE_WAIT => {
+            out.push(Finding::always(format!(
+                "spec.flowControl.maxQueueWait: {}",
+                crate::adapters::resolve::MAX_WAIT_MESSAGE
+            )))
+        }
+        Ok(_) => {}
+        Err(e) => out.push(Finding::always(format!(
+            "spec.flowControl.maxQueueWait: {e}"
+        ))),
+    }
     out
 }
 

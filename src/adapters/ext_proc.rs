@@ -26,19 +26,28 @@
 //! tokio's blocking pool once the body is over [`BLOCKING_ROUTE_BYTES`], so the
 //! async workers keep serving the other streams meanwhile.
 //!
+//! Above capacity (the tenant's `spec.flowControl`, see `flow` and
+//! docs/flow-control.md), a request about to be decided may instead be held: Envoy
+//! is asked to wait longer for this message, the stream loop awaits the release
+//! beside the inbound messages (their end is the client gone), and the decision
+//! runs at release; or it is shed with an ImmediateResponse 429.
+//!
 //! The gateway's endpoint subset (filter metadata, see `subset`) narrows the pick.
 //! What to echo on the response headers for a debugging client is kept across the
 //! stream; a message with nothing in it gets no reply, and the stream never fails
 //! on what it does not use.
 
 pub mod body;
+pub mod flow;
 pub mod headers;
 pub mod held;
 pub mod subset;
 pub mod verdict;
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
@@ -85,6 +94,8 @@ pub struct ExtProc {
     drain: Drain,
     /// Body mode: turns an OpenAI body into routing fields (None: headers only).
     body_router: Option<Arc<dyn BodyRouter>>,
+    /// Flow control: holds requests while every eligible replica is saturated.
+    flow: Arc<flow::FlowGate>,
 }
 
 /// One open stream, counted in the drain and the `ext_proc_streams` gauge.
@@ -101,7 +112,13 @@ impl Drop for OpenStream {
 
 impl ExtProc {
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, config: ExtProcConfig) -> Self {
+        let flow = Arc::new(flow::FlowGate::new(
+            router.clone(),
+            metrics.flow().clone(),
+            config.saturation,
+        ));
         Self {
+            flow,
             router,
             metrics,
             config: Arc::new(config),
@@ -191,7 +208,9 @@ impl ExtProc {
             }
             Message::ResponseHeaders(_) => {
                 // The first byte of the response: prefill is over.
-                stream.inflight = None;
+                if stream.inflight.take().is_some() {
+                    self.flow.nudge();
+                }
                 let echo = &mut stream.echo;
                 Reply::ResponseHeaders(HeadersResponse {
                     response: Some(CommonResponse {
@@ -249,13 +268,94 @@ impl ExtProc {
             }
             return;
         }
+        if parsed.malformed.is_none()
+            && self.hold_or_shed(
+                &parsed.fields,
+                parsed.priority,
+                subset.as_deref(),
+                parsed.debug,
+                stream,
+                out,
+            )
+        {
+            if !stream.closed {
+                stream.parked = Some(Parked::Headers { parsed, subset });
+            }
+            return;
+        }
+        self.decide_headers(&parsed, subset.as_deref(), stream, out);
+    }
+
+    /// Decides a request on its headers alone (headers-only, or a body the
+    /// router does not want).
+    fn decide_headers(
+        &self,
+        parsed: &RoutingHeaders,
+        subset: Option<&[String]>,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) {
         let input = verdict::Input {
-            parsed: &parsed,
-            subset: subset.as_deref(),
+            parsed,
+            subset,
             body_miss: None,
         };
-        let fdx = body_mode == Some(BodySendMode::FullDuplexStreamed);
+        let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         out.push(self.decide(&input, stream, !fdx, Placement::Headers));
+    }
+
+    /// Flow control's turn, once per request, on the async path only (the
+    /// in-process [`Self::answer_stream`] never holds): `false` lets the
+    /// decision run now. `true`: the request is held ([`StreamState::pending`],
+    /// and Envoy is asked to wait for it) or was shed (the 429 is in `out` and
+    /// the stream closed).
+    fn hold_or_shed(
+        &self,
+        fields: &headers::RoutingFields,
+        priority: i64,
+        subset: Option<&[String]>,
+        debug: bool,
+        stream: &mut StreamState,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> bool {
+        if !stream.offload || stream.flow_seen {
+            return false;
+        }
+        stream.flow_seen = true;
+        if !self.flow.applies_to(&fields.tenant) {
+            return false;
+        }
+        let scope =
+            crate::core::scope::ScopeRef::new(&fields.tenant, &fields.model, &fields.hash_scheme);
+        let candidates = subset.map(|addrs| {
+            let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            self.router.replicas_at(scope, &addrs)
+        });
+        if candidates.as_ref().is_some_and(Vec::is_empty) {
+            // Nothing eligible: the decision's own 503 applies.
+            return false;
+        }
+        let candidates = candidates.unwrap_or_default();
+        let debugging = debug && self.config.debug_headers_allowed;
+        match self
+            .flow
+            .admit(fields, priority, &candidates, Timestamp::now())
+        {
+            flow::Gate::Pass => false,
+            flow::Gate::Shed(shed) => {
+                out.push(immediate_429(&shed, debugging));
+                stream.closed = true;
+                true
+            }
+            flow::Gate::Held(pending) => {
+                out.push(ProcessingResponse {
+                    override_message_timeout: protobuf_duration(pending.message_timeout),
+                    ..ProcessingResponse::default()
+                });
+                stream.pending = Some(pending);
+                true
+            }
+        }
     }
 
     /// A request body chunk (or, in BUFFERED mode, the whole body).
@@ -355,6 +455,25 @@ impl ExtProc {
         stream: &mut StreamState,
         out: &mut Vec<ProcessingResponse>,
     ) {
+        let fields = match &routed {
+            Ok(f) => f,
+            Err(_) => &held.parsed.fields,
+        };
+        if held.parsed.malformed.is_none() || routed.is_ok() {
+            let (priority, debug) = (held.parsed.priority, held.parsed.debug);
+            let subset = held.subset.clone();
+            if self.hold_or_shed(fields, priority, subset.as_deref(), debug, stream, out) {
+                if !stream.closed {
+                    stream.parked = Some(Parked::Body {
+                        held,
+                        end_of_stream,
+                        routed,
+                        trailers,
+                    });
+                }
+                return;
+            }
+        }
         let HeldRequest {
             parsed,
             subset,
@@ -367,6 +486,7 @@ impl ExtProc {
                     debug: parsed.debug,
                     fields,
                     malformed: None,
+                    priority: parsed.priority,
                 },
                 None,
             ),
@@ -410,13 +530,22 @@ impl ExtProc {
         may_skip_response: bool,
         placement: Placement,
     ) -> ProcessingResponse {
-        let (verdict, inflight) = Verdict::decide_input(
+        let (mut verdict, inflight) = Verdict::decide_input(
             &self.router,
             &self.metrics,
             &self.config,
             input,
             Timestamp::now(),
         );
+        if let Some(waited) = stream.queued.take() {
+            let ms = waited.as_millis().to_string();
+            if input.parsed.debug && self.config.debug_headers_allowed {
+                verdict.debug_echo.push((headers::QUEUED_MS, ms.clone()));
+            }
+            if verdict.refusal.is_none() {
+                verdict.upstream.push((headers::QUEUED_MS, ms));
+            }
+        }
         stream.echo = verdict
             .debug_echo
             .iter()
@@ -461,8 +590,10 @@ impl ExtProc {
                 .into_iter()
                 .filter(|h| !verdict.upstream.iter().any(|(k, _)| k == h))
         };
-        let mut remove_headers = Vec::with_capacity(unset().count() + 1);
+        let mut remove_headers = Vec::with_capacity(unset().count() + 2);
         remove_headers.extend(unset().map(str::to_owned));
+        // The priority is the sidecar's to read, not the engine's.
+        remove_headers.push(headers::PRIORITY.to_owned());
         if verdict.destination.is_none() {
             remove_headers.push(dest_header.to_owned());
         }
@@ -534,8 +665,32 @@ struct StreamState {
     /// state), or after [`INFLIGHT_AGE_OUT`].
     inflight: Option<Inflight>,
     admitted_at: Option<tokio::time::Instant>,
+    /// Flow control was consulted for this request (it is, once).
+    flow_seen: bool,
+    /// Held by flow control: the decision waits for this.
+    pending: Option<flow::Pending>,
+    /// What to decide when the held request is released.
+    parked: Option<Parked>,
+    /// How long flow control held the request (`x-inferencecache-queued-ms`).
+    queued: Option<Duration>,
+    /// Messages that came while the request was held, answered after it.
+    stash: VecDeque<ProcessingRequest>,
     /// Counts the stream for the drain and the gauge until it ends.
     _open: Option<OpenStream>,
+}
+
+/// A request held by flow control, as it is decided on release.
+enum Parked {
+    Headers {
+        parsed: RoutingHeaders,
+        subset: Option<Vec<String>>,
+    },
+    Body {
+        held: Box<HeldRequest>,
+        end_of_stream: bool,
+        routed: Result<headers::RoutingFields, BodyMiss>,
+        trailers: bool,
+    },
 }
 
 #[tonic::async_trait]
@@ -591,12 +746,16 @@ where
         loop {
             // A reset or closed stream just ends ours (and drops its in-flight
             // count and any held body with the state): Envoy has moved on.
-            let msg = next_message(&mut st, &mut inbound).await?;
             let had = st.inflight.is_some();
-            this.answer_into(msg, &mut st, &mut out);
-            if let Some(d) = st.deferred.take() {
-                let (held, routed) = this.route_blocking(d.held).await?;
-                this.finish_held(held, d.end_of_stream, routed, d.trailers, &mut st, &mut out);
+            if st.pending.is_some() {
+                this.await_release(&mut st, &mut inbound, &mut out).await?;
+            } else {
+                let msg = next_message(&mut st, &mut inbound).await?;
+                this.answer_into(msg, &mut st, &mut out);
+                if let Some(d) = st.deferred.take() {
+                    let (held, routed) = this.route_blocking(d.held).await?;
+                    this.finish_held(held, d.end_of_stream, routed, d.trailers, &mut st, &mut out);
+                }
             }
             if !had && st.inflight.is_some() {
                 st.admitted_at = Some(tokio::time::Instant::now());
@@ -611,6 +770,57 @@ where
 }
 
 impl ExtProc {
+    /// Waits for flow control to release or shed the held request, then decides
+    /// it (released) or answers 429 (shed). Messages arriving meanwhile are kept
+    /// for after; the inbound stream ending is the client gone: `None`, and the
+    /// request leaves the queue with the state.
+    async fn await_release<S, E>(
+        &self,
+        st: &mut StreamState,
+        inbound: &mut S,
+        out: &mut Vec<ProcessingResponse>,
+    ) -> Option<()>
+    where
+        S: Stream<Item = Result<ProcessingRequest, E>> + Unpin,
+    {
+        let mut pending = st.pending.take()?;
+        let outcome = loop {
+            tokio::select! {
+                outcome = pending.outcome() => break outcome,
+                msg = inbound.next() => match msg {
+                    Some(Ok(m)) => st.stash.push_back(m),
+                    _ => return None,
+                },
+            }
+        };
+        let parked = st.parked.take()?;
+        let debugging = parked_debug(&parked) && self.config.debug_headers_allowed;
+        let _transit = match outcome {
+            Some(flow::Outcome::Shed(shed)) => {
+                out.push(immediate_429(&shed, debugging));
+                st.closed = true;
+                return Some(());
+            }
+            Some(flow::Outcome::Released { waited, transit }) => {
+                st.queued = Some(waited);
+                Some(transit)
+            }
+            None => None,
+        };
+        match parked {
+            Parked::Headers { parsed, subset } => {
+                self.decide_headers(&parsed, subset.as_deref(), st, out);
+            }
+            Parked::Body {
+                held,
+                end_of_stream,
+                routed,
+                trailers,
+            } => self.finish_held(held, end_of_stream, routed, trailers, st, out),
+        }
+        Some(())
+    }
+
     /// Routes a held body on the blocking pool and hands it back with the result.
     /// `None` if routing panicked (as on the async worker, the stream ends and
     /// Envoy's `failure_mode_allow` serves the request unrouted) or the runtime
@@ -642,6 +852,9 @@ async fn next_message<S, E>(st: &mut StreamState, inbound: &mut S) -> Option<Pro
 where
     S: Stream<Item = Result<ProcessingRequest, E>> + Unpin,
 {
+    if let Some(m) = st.stash.pop_front() {
+        return Some(m);
+    }
     if let (Some(_), Some(at)) = (&st.inflight, st.admitted_at) {
         match tokio::time::timeout_at(at + INFLIGHT_AGE_OUT, inbound.next()).await {
             Ok(m) => return m?.ok(),
@@ -732,6 +945,60 @@ fn lb_metadata(dest: String) -> Struct {
             },
         )]
         .into(),
+    }
+}
+
+/// Whether the held request asked for the debug echo.
+fn parked_debug(parked: &Parked) -> bool {
+    match parked {
+        Parked::Headers { parsed, .. } => parsed.debug,
+        Parked::Body { held, .. } => held.parsed.debug,
+    }
+}
+
+/// A protobuf duration (Envoy's `override_message_timeout`).
+fn protobuf_duration(d: Duration) -> Option<envoy_types::pb::google::protobuf::Duration> {
+    Some(envoy_types::pb::google::protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    })
+}
+
+/// Flow control shed the request: 429, `retry-after` and why; how long it was
+/// held under debug.
+fn immediate_429(shed: &flow::Shed, debugging: bool) -> ProcessingResponse {
+    let mut set_headers = vec![
+        set_header("content-type", "text/plain; charset=utf-8"),
+        set_header("retry-after", shed.retry_after_secs.to_string()),
+        set_header(headers::SHED, shed.reason.as_str()),
+    ];
+    if debugging {
+        set_headers.push(set_header(
+            headers::QUEUED_MS,
+            shed.waited.as_millis().to_string(),
+        ));
+    }
+    ProcessingResponse {
+        response: Some(Reply::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus {
+                code: StatusCode::TooManyRequests as i32,
+            }),
+            headers: Some(HeaderMutation {
+                set_headers,
+                remove_headers: Vec::new(),
+            }),
+            body: format!(
+                "inferencecache: every replica is saturated; request shed ({})\n",
+                shed.reason.as_str()
+            )
+            .into_bytes(),
+            grpc_status: None,
+            details: format!(
+                "inferencecache_shed_{}",
+                shed.reason.as_str().replace('-', "_")
+            ),
+        })),
+        ..ProcessingResponse::default()
     }
 }
 

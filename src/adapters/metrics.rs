@@ -9,6 +9,7 @@
 //! the tenant label only takes tenant ids that the policy snapshot declares (all
 //! other tenants are summed under `tenant="_undeclared"`).
 
+pub mod flow;
 mod latency;
 
 use std::collections::BTreeMap;
@@ -144,6 +145,7 @@ pub struct Metrics {
     ext_proc_streams: Gauge,
     kv_events: Arc<KvEventMetrics>,
     engine_metrics: Arc<EngineMetricsMetrics>,
+    flow: Arc<flow::FlowMetrics>,
 }
 
 impl Metrics {
@@ -238,6 +240,8 @@ impl Metrics {
         kv_events.register(&mut registry);
         let engine_metrics = Arc::new(EngineMetricsMetrics::default());
         engine_metrics.register(&mut registry);
+        let flow = Arc::new(flow::FlowMetrics::default());
+        flow.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
         // Every series exists from the start (rates start from a known zero), and
         // its handle is kept (a clone shares the value).
@@ -276,6 +280,7 @@ impl Metrics {
             ext_proc_streams,
             kv_events,
             engine_metrics,
+            flow,
         }
     }
 
@@ -336,6 +341,11 @@ impl Metrics {
     /// The KV event subscribers' metrics.
     pub fn kv_events(&self) -> &Arc<KvEventMetrics> {
         &self.kv_events
+    }
+
+    /// Flow control's metrics.
+    pub fn flow(&self) -> &Arc<flow::FlowMetrics> {
+        &self.flow
     }
 
     /// The engine metrics scrapers' metrics.

@@ -172,6 +172,7 @@ pub fn resolve_in_cluster(
                     .map(|(_, p)| p.clone())
                     .unwrap_or_else(|| Arc::new(ResolvedPolicy::default())),
                 max_index_entries: tenant.and_then(|t| t.max_index_entries),
+                fair_weight: tenant.and_then(|t| t.fair_weight),
             }
         })
         .collect();
@@ -255,6 +256,7 @@ fn effective_per_namespace<'a, T>(
 struct TenantDecl {
     tenant_id: String,
     max_index_entries: Option<u64>,
+    fair_weight: Option<u32>,
 }
 
 const TENANT: &str = "CacheTenant";
@@ -301,6 +303,21 @@ fn resolve_tenants(tenants: &[CacheTenant], out: &mut Outcome) -> HashMap<String
                 continue;
             }
         };
+        let weight = match u32::try_from(t.spec.weight) {
+            Ok(w) if w >= 1 => w,
+            _ => {
+                out.reject(
+                    TENANT,
+                    meta,
+                    "spec.weight",
+                    format!("{} is below the minimum 1", t.spec.weight),
+                );
+                continue;
+            }
+        };
+        let fair_weight = t.spec.isolation_mode.map(|m| match m {
+            crate::crd::cache_tenant::IsolationMode::Fairness => weight,
+        });
         if let Some(first) = claimed.get(id) {
             out.reject(
                 TENANT,
@@ -319,6 +336,7 @@ fn resolve_tenants(tenants: &[CacheTenant], out: &mut Outcome) -> HashMap<String
             TenantDecl {
                 tenant_id: id.to_string(),
                 max_index_entries,
+                fair_weight,
             },
         );
     }
@@ -433,6 +451,36 @@ pub fn resolve_policy(
         ),
     };
 
+    let fc = &spec.flow_control;
+    use crate::core::policy::FlowControl;
+    let flow_control = FlowControl {
+        enabled: fc.enabled,
+        max_queue_wait: match parse_duration(&fc.max_queue_wait) {
+            Ok(d) if !d.is_zero() && d <= FlowControl::MAX_QUEUE_WAIT => d,
+            Ok(d) if d.is_zero() => {
+                errors.push(("spec.flowControl.maxQueueWait", "must be positive".into()));
+                crate::core::policy::FlowControl::DEFAULT_MAX_QUEUE_WAIT
+            }
+            Ok(_) => {
+                errors.push(("spec.flowControl.maxQueueWait", MAX_WAIT_MESSAGE.into()));
+                crate::core::policy::FlowControl::DEFAULT_MAX_QUEUE_WAIT
+            }
+            Err(e) => {
+                errors.push(("spec.flowControl.maxQueueWait", e.to_string()));
+                crate::core::policy::FlowControl::DEFAULT_MAX_QUEUE_WAIT
+            }
+        },
+        max_queued: match u32::try_from(fc.max_queued_requests) {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                errors.push((
+                    "spec.flowControl.maxQueuedRequests",
+                    format!("{} is below the minimum 1", fc.max_queued_requests),
+                ));
+                crate::core::policy::FlowControl::DEFAULT_MAX_QUEUED
+            }
+        },
+    };
     let policy = ResolvedPolicy {
         eviction: match spec.eviction {
             cache_policy::Eviction::Lru => EvictionAlgorithm::Lru,
@@ -458,6 +506,7 @@ pub fn resolve_policy(
         },
         load_balancing,
         tier_weights,
+        flow_control,
     };
     if errors.is_empty() {
         match policy.validate() {
@@ -477,6 +526,10 @@ pub fn resolve_policy(
         Err(errors)
     }
 }
+
+/// Why a `maxQueueWait` over [`crate::core::policy::FlowControl::MAX_QUEUE_WAIT`] is refused.
+pub const MAX_WAIT_MESSAGE: &str = "must be at most 29s: a held request asks Envoy to wait \
+     maxQueueWait + 1s, and the shipped configs grant at most 30s (max_message_timeout)";
 
 fn resolve_backend(
     backend: &CacheBackend,

@@ -100,6 +100,51 @@ pub struct CachePolicySpec {
     /// to the same block on GPU (1).
     #[serde(default)]
     pub tier_weights: TierWeights,
+
+    /// Holding, ordering and shedding requests when every eligible replica is
+    /// saturated; off by default, and below saturation it never changes a decision.
+    #[serde(default)]
+    pub flow_control: FlowControl,
+}
+
+/// `spec.flowControl`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowControl {
+    /// Hold requests above capacity instead of sending them to a saturated engine.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Longest a request is held before it is shed as `queue-timeout` (a Go
+    /// duration, above 0 and at most 29s). A held request asks Envoy to wait
+    /// this plus 1s for its answer (`override_message_timeout`), which Envoy's
+    /// `max_message_timeout` must allow.
+    #[serde(default = "default_max_queue_wait")]
+    #[schemars(pattern(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("maxQueueWait must be positive"))]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('29s')").message("maxQueueWait must be at most 29s (Envoy's max_message_timeout, 30s in the shipped configs, less 1s)"))]
+    pub max_queue_wait: String,
+    /// Requests held at once by one sidecar; when full the lowest priority is shed.
+    #[serde(default = "default_max_queued_requests")]
+    #[schemars(range(min = 1))]
+    pub max_queued_requests: i32,
+}
+
+fn default_max_queue_wait() -> String {
+    "1s".to_string()
+}
+
+fn default_max_queued_requests() -> i32 {
+    crate::core::policy::FlowControl::DEFAULT_MAX_QUEUED as i32
+}
+
+impl Default for FlowControl {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_queue_wait: default_max_queue_wait(),
+            max_queued_requests: default_max_queued_requests(),
+        }
+    }
 }
 
 /// `spec.tierWeights`: quoted decimals in [0, 1]; `"0"` ignores the tier.
@@ -160,6 +205,7 @@ impl Default for CachePolicySpec {
             load_awareness: LoadAwareness::default(),
             load_balancing: LoadBalancing::default(),
             tier_weights: TierWeights::default(),
+            flow_control: FlowControl::default(),
         }
     }
 }

@@ -64,6 +64,13 @@ pub struct CacheTenantSpec {
     #[schemars(schema_with = "isolation_mode_schema")]
     pub isolation_mode: Option<IsolationMode>,
 
+    /// The tenant's share of held requests' tokens under `isolationMode: Fairness`
+    /// while flow control holds requests (a tenant of weight 3 is served three
+    /// times the tokens of one of weight 1).
+    #[serde(default = "default_weight")]
+    #[schemars(range(min = 1))]
+    pub weight: i32,
+
     /// Reserved for future cryptographic isolation settings; kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "kept_as_given")]
@@ -90,6 +97,10 @@ fn kept_as_given(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "nullable": true,
         "x-kubernetes-preserve-unknown-fields": true,
     })
+}
+
+fn default_weight() -> i32 {
+    1
 }
 
 /// `spec.quota`.

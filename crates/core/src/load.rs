@@ -123,6 +123,12 @@ impl ReplicaLoad {
         self.inflight.load(Ordering::Relaxed)
     }
 
+    /// Requests this sidecar admitted here since the engine's last report and
+    /// still in flight (the report cannot include them yet).
+    pub fn sent_since_report(&self) -> u64 {
+        self.inflight_since_report.load(Ordering::Relaxed)
+    }
+
     /// The uncached prompt tokens of those requests (the prefill backlog).
     pub fn inflight_tokens(&self) -> u64 {
         self.inflight_tokens.load(Ordering::Relaxed)

@@ -374,6 +374,38 @@ pub struct ResolvedPolicy {
     pub load_balancing: LoadBalancing,
     /// CachePolicy `spec.tierWeights`.
     pub tier_weights: TierWeights,
+    /// CachePolicy `spec.flowControl`.
+    pub flow_control: FlowControl,
+}
+
+/// `spec.flowControl`: holding requests while every eligible replica is saturated.
+///
+/// Off by default. The bounds' defaults are chosen, not measured: a second of
+/// holding is about one prefill of a long prompt on a busy engine, and 1024 held
+/// requests bound the sidecar's queue state to a few hundred KiB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowControl {
+    pub enabled: bool,
+    pub max_queue_wait: Duration,
+    pub max_queued: u32,
+}
+
+impl FlowControl {
+    pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
+    /// The longest `maxQueueWait`: the shipped Envoy configs grant a held
+    /// request at most this plus a second (`max_message_timeout: 30s`).
+    pub const MAX_QUEUE_WAIT: Duration = Duration::from_secs(29);
+    pub const DEFAULT_MAX_QUEUED: u32 = 1024;
+}
+
+impl Default for FlowControl {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_queue_wait: Self::DEFAULT_MAX_QUEUE_WAIT,
+            max_queued: Self::DEFAULT_MAX_QUEUED,
+        }
+    }
 }
 
 /// How much a block held in a slower memory tier counts in the score, relative
@@ -459,6 +491,7 @@ impl Default for ResolvedPolicy {
             load_awareness: LoadAwareness::Enabled,
             load_balancing: LoadBalancing::default(),
             tier_weights: TierWeights::default(),
+            flow_control: FlowControl::default(),
         }
     }
 }

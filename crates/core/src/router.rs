@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 
 use super::chain;
 use super::decision::{self, outcome::Decision, request::LookupRequest};
+use super::flow::saturation::Pressure;
 use super::index::{
     Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
     TenantLimits,
@@ -320,6 +321,52 @@ impl Router {
             .collect();
         let turn = self.fleet_turn.fetch_add(1, Ordering::Relaxed);
         Some(tied[turn % tied.len()].clone())
+    }
+
+    /// The load pressure of every serving replica of `scope` (narrowed to
+    /// `candidates` when not empty), for flow control's saturation predicate
+    /// ([`crate::flow::saturation::all_saturated`]). The engine's report counts
+    /// while younger than the tenant's `statsMaxAge`, plus what this sidecar sent
+    /// since; without a fresh report, this sidecar's in-flight requests stand in.
+    /// Empty when the scope is unknown or serves nothing.
+    pub fn pressures(
+        &self,
+        scope: ScopeRef<'_>,
+        candidates: &[String],
+        now: Timestamp,
+    ) -> Vec<Pressure> {
+        let Some(s) = self.index.scope(scope) else {
+            return Vec::new();
+        };
+        let policy = self.snapshot.load().tenant(scope.tenant).policy.clone();
+        let (now_ns, max_age) = (now.as_nanos(), policy.load_balancing.stats_max_age_nanos());
+        let serving = s.serving(now_ns, policy.ttl_nanos(), candidates);
+        (0..serving.len())
+            .filter_map(|m| serving.replica(m))
+            .map(|r| {
+                let load = &r.live.load;
+                let fresh = load.engine_queue_at() != 0
+                    && now_ns.saturating_sub(load.engine_queue_at()) <= max_age;
+                let kv_usage = if fresh {
+                    r.live
+                        .stats
+                        .lock()
+                        .as_ref()
+                        .map(|(st, _)| st.kv_cache_usage)
+                } else {
+                    None
+                };
+                Pressure {
+                    engine_waiting: load.engine_waiting(now_ns, max_age),
+                    sent_since_report: if fresh {
+                        load.sent_since_report()
+                    } else {
+                        load.inflight_requests()
+                    },
+                    kv_usage,
+                }
+            })
+            .collect()
     }
 
     /// The replica ids of `scope` at these `ip:port` endpoints (unknown ones are

@@ -23,6 +23,10 @@ pub struct NamespacePolicy {
     pub policy: Arc<ResolvedPolicy>,
     /// `spec.quota.maxIndexEntries`; `None` means unlimited.
     pub max_index_entries: Option<u64>,
+    /// The tenant's `spec.weight` when its `isolationMode` is `Fairness`: its
+    /// share of held requests' tokens under flow control. `None` (no tenant, or
+    /// no isolation mode) queues its held requests first come, first served.
+    pub fair_weight: Option<u32>,
 }
 
 /// A replica declared by configuration (static endpoint or discovered pod).
@@ -61,6 +65,9 @@ pub struct TenantView<'a> {
     pub namespace: Option<&'a str>,
     pub policy: &'a Arc<ResolvedPolicy>,
     pub max_index_entries: Option<u64>,
+    /// The tenant's weight under `isolationMode: Fairness` (see
+    /// [`NamespacePolicy::fair_weight`]).
+    pub fair_weight: Option<u32>,
 }
 
 /// An immutable, complete view of the configuration.
@@ -155,6 +162,7 @@ impl PolicySnapshot {
                 namespace: None,
                 policy: &self.probe_policy,
                 max_index_entries: None,
+                fair_weight: None,
             };
         }
         match self
@@ -166,11 +174,13 @@ impl PolicySnapshot {
                 namespace: Some(&ns.namespace),
                 policy: &ns.policy,
                 max_index_entries: ns.max_index_entries,
+                fair_weight: ns.fair_weight,
             },
             None => TenantView {
                 namespace: None,
                 policy: &self.defaults,
                 max_index_entries: None,
+                fair_weight: None,
             },
         }
     }

@@ -11,6 +11,7 @@ fn mk_router() -> (Router, Timestamp) {
         policy_name: Some("default".into()),
         policy: Arc::new(ResolvedPolicy::default()),
         max_index_entries: Some(100),
+        fair_weight: None,
     };
     let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
     let router = Router::new(IndexConfig::default(), snap, now);
@@ -122,6 +123,7 @@ fn declared_tenants_are_listed_even_when_empty() {
         policy_name: None,
         policy: Arc::new(ResolvedPolicy::default()),
         max_index_entries: None,
+        fair_weight: None,
     };
     let snap = PolicySnapshot::new(ResolvedPolicy::default(), vec![ns], vec![]);
     let router = Router::new(IndexConfig::default(), snap, now);
@@ -149,6 +151,10 @@ fn policy_shows_resolved_fields_per_namespace() {
     assert_eq!(p["affinityRouting"], "Enabled");
     assert_eq!(p["tierWeights"]["cpu"], "0.8");
     assert_eq!(p["tierWeights"]["disk"], "0.25");
+    assert_eq!(p["flowControl"]["enabled"], false);
+    assert_eq!(p["flowControl"]["maxQueueWait"], "1s");
+    assert_eq!(p["flowControl"]["maxQueuedRequests"], 1024);
+    assert_eq!(ns["fairWeight"], serde_json::Value::Null);
     assert_eq!(v["defaults"]["lookupTimeoutMs"], 0);
 }
 

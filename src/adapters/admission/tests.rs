@@ -551,3 +551,37 @@ fn backend_cel_refuses_a_pool_ref_next_to_a_selector() {
                "inferencePoolRef": {"name": "llama"}, "endpoints": []}));
     assert!(b.validate_cel().is_ok());
 }
+
+#[test]
+fn policy_flow_control_wait_is_a_positive_duration_and_the_bound_at_least_one() {
+    admitted(
+        "CachePolicy",
+        json!({"flowControl": {"enabled": true, "maxQueueWait": "500ms", "maxQueuedRequests": 1}}),
+    );
+    let m = denied(
+        "CachePolicy",
+        json!({"flowControl": {"maxQueueWait": "0s"}}),
+    );
+    assert!(
+        m.contains("spec.flowControl.maxQueueWait: must be positive"),
+        "{m}"
+    );
+    // Not a duration: the schema's pattern names the field.
+    let m = denied(
+        "CachePolicy",
+        json!({"flowControl": {"maxQueueWait": "soon"}}),
+    );
+    assert!(m.contains("flowControl.maxQueueWait"), "{m}");
+    let m = denied(
+        "CachePolicy",
+        json!({"flowControl": {"maxQueuedRequests": 0}}),
+    );
+    assert!(m.contains("flowControl.maxQueuedRequests"), "{m}");
+}
+
+#[test]
+fn tenant_weight_is_at_least_one() {
+    admitted("CacheTenant", json!({"tenantID": "acme", "weight": 3}));
+    let m = denied("CacheTenant", json!({"tenantID": "acme", "weight": 0}));
+    assert!(m.contains("spec.weight"), "{m}");
+}

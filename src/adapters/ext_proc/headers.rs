@@ -23,6 +23,9 @@ pub const DEBUG: &str = "x-inferencecache-debug";
 /// they key the chain, so the request matches only blocks stored under the same.
 pub const LORA_ADAPTER: &str = "x-inferencecache-lora-adapter";
 pub const CACHE_SALT: &str = "x-inferencecache-cache-salt";
+/// The request's priority under flow control: a decimal integer, higher first
+/// (default 0; anything else counts as 0). Removed from the upstream request.
+pub const PRIORITY: &str = "x-inferencecache-priority";
 
 /// Decision headers written toward the upstream (and the client when debugging).
 /// A client-supplied copy of any of them is always removed or overwritten.
@@ -38,6 +41,11 @@ pub const SPILLED_BY: &str = "x-inferencecache-spilled-by";
 pub const DETAIL: &str = "x-inferencecache-detail";
 /// The policy revision that decided (debug only).
 pub const POLICY_REVISION: &str = "x-inferencecache-policy-revision";
+/// On a 429 from flow control: why the request was shed (`queue-full`,
+/// `queue-timeout` or `priority`).
+pub const SHED: &str = "x-inferencecache-shed";
+/// How long flow control held the request, whole milliseconds.
+pub const QUEUED_MS: &str = "x-inferencecache-queued-ms";
 
 /// The default name of the routing header (Gateway API Inference Extension's).
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
@@ -119,6 +127,8 @@ pub struct RoutingHeaders {
     /// ORIGINAL_DST mode can still pick a serving replica of the scope.
     pub fields: RoutingFields,
     pub malformed: Option<MalformedHeader>,
+    /// `x-inferencecache-priority` (0 when absent or not a decimal integer).
+    pub priority: i64,
 }
 
 impl RoutingHeaders {
@@ -137,6 +147,7 @@ impl RoutingHeaders {
             }
         }
         let debug = raw.debug.is_some_and(|v| v == "1");
+        let priority = raw.priority.and_then(|v| v.parse().ok()).unwrap_or(0);
         for (header, v) in [
             (LORA_ADAPTER, raw.lora_adapter),
             (CACHE_SALT, raw.cache_salt),
@@ -177,6 +188,7 @@ impl RoutingHeaders {
             debug,
             fields,
             malformed,
+            priority,
         }
     }
 }
@@ -242,6 +254,7 @@ struct RawHeaders<'a> {
     lora_adapter: Option<&'a str>,
     cache_salt: Option<&'a str>,
     debug: Option<&'a str>,
+    priority: Option<&'a str>,
 }
 
 /// What every header this module reads starts with; a request's other headers
@@ -280,6 +293,7 @@ impl<'a> RawHeaders<'a> {
             LORA_ADAPTER => (LORA_ADAPTER, &mut self.lora_adapter),
             CACHE_SALT => (CACHE_SALT, &mut self.cache_salt),
             DEBUG => (DEBUG, &mut self.debug),
+            PRIORITY => (PRIORITY, &mut self.priority),
             _ => {
                 let lower = [
                     TENANT,
@@ -292,6 +306,7 @@ impl<'a> RawHeaders<'a> {
                     LORA_ADAPTER,
                     CACHE_SALT,
                     DEBUG,
+                    PRIORITY,
                 ]
                 .into_iter()
                 .find(|h| h.eq_ignore_ascii_case(name))?;

@@ -447,6 +447,21 @@ fn spoofed_routing_headers_are_removed_when_there_is_no_hint() {
 }
 
 #[test]
+fn flow_control_headers_a_client_sends_are_removed() {
+    let svc = mk_service(ExtProcConfig::default());
+    let (reply, _) = ask(
+        &svc,
+        &chain_headers(&[(SHED, "queue-full"), (QUEUED_MS, "5"), (PRIORITY, "9")]),
+    );
+    let c = common(&reply);
+    assert_eq!(set_value(c, REASON).as_deref(), Some("PREFIX_MATCH"));
+    for h in [SHED, QUEUED_MS, PRIORITY] {
+        assert!(removed(c, h), "{h} not removed");
+        assert_eq!(set_value(c, h), None, "{h} set");
+    }
+}
+
+#[test]
 fn malformed_headers_give_no_hint_and_say_why_when_debugging() {
     let svc = mk_service(ExtProcConfig::default());
     let mut pairs = chain_headers(&[(DEBUG, "1")]);

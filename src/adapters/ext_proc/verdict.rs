@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use super::body::BodyMiss;
 use super::headers::{
-    self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, REASON, REPLICA, RoutingHeaders, SCORE,
-    SPILLED_BY, SPILLED_FROM,
+    self, DETAIL, MATCHED_TOKENS, POLICY_REVISION, QUEUED_MS, REASON, REPLICA, RoutingHeaders,
+    SCORE, SHED, SPILLED_BY, SPILLED_FROM,
 };
 use crate::adapters::metrics::{DecisionPath, Metrics};
 use crate::core::Router;
 use crate::core::decision::outcome::ReasonCode;
 use crate::core::decision::request::LookupRequest;
+use crate::core::flow::saturation::Thresholds;
 use crate::core::load::Inflight;
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
@@ -63,6 +64,9 @@ impl fmt::Display for DestinationMode {
 /// How the ext_proc adapter behaves (server flags).
 #[derive(Clone, Debug)]
 pub struct ExtProcConfig {
+    /// When flow control counts a replica as saturated (the policy's
+    /// `spec.flowControl` says whether it holds at all).
+    pub saturation: Thresholds,
     pub destination_mode: DestinationMode,
     /// Whether `x-inferencecache-debug: 1` may echo the decision to the client.
     pub debug_headers_allowed: bool,
@@ -92,6 +96,7 @@ pub enum InflightRelease {
 impl Default for ExtProcConfig {
     fn default() -> Self {
         Self {
+            saturation: Thresholds::default(),
             destination_mode: DestinationMode::OverrideHost,
             debug_headers_allowed: true,
             destination_header: headers::DEFAULT_DESTINATION_HEADER.to_string(),
@@ -391,7 +396,7 @@ pub struct Input<'a> {
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.
-pub const DECISION_HEADERS: [&str; 8] = [
+pub const DECISION_HEADERS: [&str; 10] = [
     REASON,
     REPLICA,
     SCORE,
@@ -400,4 +405,6 @@ pub const DECISION_HEADERS: [&str; 8] = [
     SPILLED_BY,
     DETAIL,
     POLICY_REVISION,
+    SHED,
+    QUEUED_MS,
 ];

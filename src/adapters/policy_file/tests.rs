@@ -560,3 +560,91 @@ fn an_inference_pool_ref_is_an_error_in_a_policy_file() {
         "{e}"
     );
 }
+
+#[test]
+fn flow_control_loads_from_yaml_with_defaults_and_bad_values_are_named() {
+    let dir = TempDir::new();
+    dir.write("t.yaml", TENANT);
+    // Omitted: disabled, one second, 1024 held requests.
+    dir.write("p.yaml", &policy("{}"));
+    let fc = load(dir.path())
+        .unwrap()
+        .snapshot
+        .tenant("acme")
+        .policy
+        .flow_control;
+    assert_eq!(fc, crate::core::policy::FlowControl::default());
+    assert!(!fc.enabled);
+    assert_eq!(fc.max_queue_wait, Duration::from_secs(1));
+    assert_eq!(fc.max_queued, 1024);
+    dir.write(
+        "p.yaml",
+        &policy("{flowControl: {enabled: true, maxQueueWait: 250ms, maxQueuedRequests: 7}}"),
+    );
+    let fc = load(dir.path())
+        .unwrap()
+        .snapshot
+        .tenant("acme")
+        .policy
+        .flow_control;
+    assert!(fc.enabled);
+    assert_eq!(fc.max_queue_wait, Duration::from_millis(250));
+    assert_eq!(fc.max_queued, 7);
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{flowControl: {maxQueueWait: 0s}}")),
+    ]);
+    assert!(
+        e.contains("spec.flowControl.maxQueueWait") && e.contains("must be positive"),
+        "{e}"
+    );
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        ("p.yaml", &policy("{flowControl: {maxQueuedRequests: 0}}")),
+    ]);
+    assert!(
+        e.contains("spec.flowControl.maxQueuedRequests: 0 is below the minimum 1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tenant_weight_is_its_fair_share_only_under_fairness() {
+    let dir = TempDir::new();
+    dir.write("p.yaml", &policy("{}"));
+    // No isolation mode: first come, first served (no fair weight).
+    dir.write(
+        "t.yaml",
+        &TENANT.replace("{tenantID: acme}", "{tenantID: acme, weight: 3}"),
+    );
+    let snap = load(dir.path()).unwrap().snapshot;
+    assert_eq!(snap.tenant("acme").fair_weight, None);
+    dir.write(
+        "t.yaml",
+        &TENANT.replace(
+            "{tenantID: acme}",
+            "{tenantID: acme, isolationMode: Fairness, weight: 3}",
+        ),
+    );
+    let snap = load(dir.path()).unwrap().snapshot;
+    assert_eq!(snap.tenant("acme").fair_weight, Some(3));
+    // Weight omitted: 1.
+    dir.write(
+        "t.yaml",
+        &TENANT.replace(
+            "{tenantID: acme}",
+            "{tenantID: acme, isolationMode: Fairness}",
+        ),
+    );
+    let snap = load(dir.path()).unwrap().snapshot;
+    assert_eq!(snap.tenant("acme").fair_weight, Some(1));
+    assert_eq!(snap.tenant("someone-else").fair_weight, None);
+    let e = load_err(&[
+        ("p.yaml", &policy("{}")),
+        (
+            "t.yaml",
+            &TENANT.replace("{tenantID: acme}", "{tenantID: acme, weight: 0}"),
+        ),
+    ]);
+    assert!(e.contains("spec.weight: 0 is below the minimum 1"), "{e}");
+}

@@ -7,6 +7,7 @@ fn mk(tenant_id: &str) -> CacheTenant {
             tenant_id: tenant_id.into(),
             quota: None,
             isolation_mode: None,
+            weight: 1,
             crypto: None,
         },
     )

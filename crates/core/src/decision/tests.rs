@@ -122,6 +122,7 @@ fn mk_snapshot(
             policy_name: Some("cache".into()),
             policy: std::sync::Arc::new(policy),
             max_index_entries: quota,
+            fair_weight: None,
         }],
         backends,
     )

@@ -234,6 +234,17 @@ impl FlowQueue {
         }
     }
 
+    /// The ticket [`Self::release`] would hand out next, left in the queue: the
+    /// adapter checks the head's replicas have room before releasing it.
+    pub fn peek(&self) -> Option<Ticket> {
+        let band = self.bands.values().next()?;
+        band.lanes
+            .values()
+            .filter_map(|lane| lane.entries.front().map(|e| (e.finish, e.ticket)))
+            .min()
+            .map(|(_, ticket)| ticket)
+    }
+
     /// The next request to release to a replica: highest band, then the smallest
     /// finish tag among its lanes' heads (arrival order breaks ties).
     pub fn release(&mut self, now: Timestamp) -> Option<Held> {

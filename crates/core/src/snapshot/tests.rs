@@ -8,6 +8,7 @@ fn ns(name: &str, tenant: Option<&str>, policy: ResolvedPolicy) -> NamespacePoli
         policy_name: Some("p".into()),
         policy: Arc::new(policy),
         max_index_entries: Some(10),
+        fair_weight: None,
     }
 }
 

@@ -256,3 +256,25 @@ fn malformed_identity_headers_are_refused_and_clear_everything() {
     let edge = "s".repeat(MAX_IDENTITY_LEN);
     assert_eq!(parse(&[(LORA_ADAPTER, edge.as_str())]).malformed, None);
 }
+
+#[test]
+fn priority_is_an_integer_defaulting_to_zero_and_never_malformed() {
+    for (value, want) in [
+        ("7", 7),
+        ("-3", -3),
+        (" 12 ", 12),
+        ("high", 0),
+        ("1.5", 0),
+        ("", 0),
+    ] {
+        let mut h = mk_scope();
+        h.push((PRIORITY, value));
+        let got = parse(&h);
+        assert_eq!(got.priority, want, "{value:?}");
+        assert_eq!(got.malformed, None, "{value:?}");
+    }
+    assert_eq!(parse(&mk_scope()).priority, 0);
+    let mut h = mk_scope();
+    h.push(("X-InferenceCache-Priority", "4"));
+    assert_eq!(parse(&h).priority, 4);
+}

@@ -265,8 +265,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 proptest! {
     /// Whatever happens: the queue never exceeds its bound, its depth metric adds
-    /// up, a release is always from the highest band held, and every ticket ends
-    /// exactly once (released, cancelled, expired or shed).
+    /// up, a release is always from the highest band held and is what `peek` said,
+    /// and every ticket ends exactly once (released, cancelled, expired or shed).
     #[test]
     fn invariants_hold_under_any_sequence(ops in proptest::collection::vec(op(), 1..200)) {
         let names = ["a", "b", "c"];
@@ -298,15 +298,19 @@ proptest! {
                         }
                     }
                 }
-                Op::Release => match q.release(now) {
-                    Some(h) => {
+                Op::Release => match (q.peek(), q.release(now)) {
+                    (peeked, Some(h)) => {
+                        prop_assert_eq!(peeked, Some(h.ticket));
                         let top = live.iter().map(|(_, p)| *p).max();
                         prop_assert_eq!(Some(h.priority), top);
                         let pos = live.iter().position(|(t, _)| *t == h.ticket);
                         prop_assert!(pos.is_some());
                         live.remove(pos.unwrap_or(0));
                     }
-                    None => prop_assert!(live.is_empty()),
+                    (peeked, None) => {
+                        prop_assert!(live.is_empty());
+                        prop_assert_eq!(peeked, None);
+                    }
                 },
                 Op::Cancel(i) => {
                     if !live.is_empty() {

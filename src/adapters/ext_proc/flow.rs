@@ -1,0 +1,427 @@
+//! Flow control on the ext_proc path: a request whose every eligible replica is
+//! saturated is held, in the order of the core's [`FlowQueue`], until a replica
+//! frees, its wait runs out (429 `queue-timeout`) or a full queue sheds it (429
+//! `queue-full` / `priority`).
+//!
+//! ```text
+//!  stream ──FlowGate::admit──▶ Pass (below saturation: the queue is not touched)
+//!                          ├─▶ Shed (429 at once)
+//!                          └─▶ Pending ──(awaited beside the inbound stream)──▶ Released → decide now
+//!                                 ▲                                          └▶ Shed (timeout, evicted)
+//!       pump task: on a wake-up (enqueue, a request leaving a replica, a released
+//!       request decided) or a tick while anything is held: expire, then release
+//!       the queue's head while one of its replicas has room
+//! ```
+//!
+//! One queue per model: the tenants of a model share its replicas, so they
+//! share its queue (priority first, then each `Fairness` tenant's weight). A
+//! queue's head is released only when its own scope has a replica below
+//! saturation, and releases go one at a time: the next waits until the one
+//! released has been decided and counted in flight where it went, so a freed
+//! replica is not handed a burst. The decision runs at release (late binding):
+//! the request goes to the cache-aware pick of that moment.
+//!
+//! A held request whose stream ends (the client went away) leaves the queue when
+//! its [`Pending`] drops. Limits come from the policy of the request's tenant:
+//! its `maxQueueWait` sets its own deadline, its `maxQueuedRequests` bounds the
+//! model's queue when it arrives.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+
+use crate::adapters::metrics::flow::FlowMetrics;
+use crate::core::Router;
+use crate::core::flow::saturation::{Thresholds, all_saturated};
+use crate::core::flow::{Admission, FlowQueue, QueueLimits, Request, ShedReason, Ticket};
+use crate::core::scope::ScopeRef;
+use crate::core::time::Timestamp;
+
+use super::headers::RoutingFields;
+
+/// How often held requests are re-checked when nothing wakes the pump (engine
+/// stats arriving, another sidecar's requests finishing).
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// What Envoy is asked to wait for a held request beyond its `maxQueueWait`
+/// (`override_message_timeout`): the release's decision and a loaded event loop.
+pub const MESSAGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
+
+/// The gate's answer for one request.
+pub enum Gate {
+    /// Decide now: flow control is off for the tenant, or a replica has room.
+    Pass,
+    /// Answer 429 now.
+    Shed(Shed),
+    /// Held: await [`Pending::outcome`].
+    Held(Pending),
+}
+
+/// Why and for how long a shed request is told to go away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shed {
+    pub reason: ShedReason,
+    pub retry_after_secs: u64,
+    /// How long it was held first (zero when shed on arrival).
+    pub waited: Duration,
+}
+
+/// What became of a held request.
+pub enum Outcome {
+    /// A replica freed: decide now, then drop the [`Transit`].
+    Released {
+        waited: Duration,
+        transit: Transit,
+    },
+    Shed(Shed),
+}
+
+/// A released request not yet decided: its queue releases nothing more until
+/// this drops (after the decision counted it in flight, or with its stream).
+pub struct Transit {
+    count: Arc<AtomicUsize>,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Transit {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.wake.notify_one();
+    }
+}
+
+/// A held request's place in its queue; dropping it before the outcome leaves
+/// the queue.
+pub struct Pending {
+    rx: oneshot::Receiver<Outcome>,
+    ticket: Ticket,
+    model: String,
+    gate: Arc<FlowGate>,
+    /// `maxQueueWait` + [`MESSAGE_TIMEOUT_MARGIN`]: what Envoy is asked to wait.
+    pub message_timeout: Duration,
+    done: bool,
+}
+
+impl Pending {
+    /// Waits for the release or the shed. A gate gone (shutdown) lets the
+    /// request through as if released.
+    pub async fn outcome(&mut self) -> Option<Outcome> {
+        let out = (&mut self.rx).await.ok();
+        self.done = true;
+        out
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.gate.cancel(&self.model, self.ticket);
+        }
+    }
+}
+
+struct Waiter {
+    tx: oneshot::Sender<Outcome>,
+    tenant: String,
+    hash_scheme: String,
+    candidates: Vec<String>,
+    retry_after_secs: u64,
+    enqueued_at: Timestamp,
+}
+
+struct ModelQueue {
+    queue: FlowQueue,
+    waiters: HashMap<Ticket, Waiter>,
+    /// Released and not yet decided (0 or 1).
+    in_transit: Arc<AtomicUsize>,
+}
+
+/// The held requests of one sidecar.
+pub struct FlowGate {
+    router: Arc<Router>,
+    metrics: Arc<FlowMetrics>,
+    thresholds: Thresholds,
+    queues: parking_lot::Mutex<HashMap<String, ModelQueue>>,
+    /// Requests held now, read without the lock by [`FlowGate::nudge`].
+    held: AtomicUsize,
+    wake: Arc<Notify>,
+    pump: std::sync::OnceLock<()>,
+}
+
+impl FlowGate {
+    pub fn new(router: Arc<Router>, metrics: Arc<FlowMetrics>, thresholds: Thresholds) -> Self {
+        Self {
+            router,
+            metrics,
+            thresholds,
+            queues: parking_lot::Mutex::new(HashMap::new()),
+            held: AtomicUsize::new(0),
+            wake: Arc::new(Notify::new()),
+            pump: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Requests held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// A request left a replica (its response began, its stream ended): held
+    /// requests may go. Free when nothing is held.
+    pub fn nudge(&self) {
+        if self.held() > 0 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether the tenant's policy enables flow control (one snapshot read):
+    /// the caller's cheap check before it gathers what [`Self::admit`] needs.
+    pub fn applies_to(&self, tenant: &str) -> bool {
+        self.router
+            .snapshot()
+            .tenant(tenant)
+            .policy
+            .flow_control
+            .enabled
+    }
+
+    /// Flow control's say on a well-formed request about to be decided.
+    /// `candidates`: the gateway's subset as replica ids (empty: all).
+    pub fn admit(
+        self: &Arc<Self>,
+        fields: &RoutingFields,
+        priority: i64,
+        candidates: &[String],
+        now: Timestamp,
+    ) -> Gate {
+        let snapshot = self.router.snapshot();
+        let tenant = snapshot.tenant(&fields.tenant);
+        let fc = tenant.policy.flow_control;
+        let scope = ScopeRef::new(&fields.tenant, &fields.model, &fields.hash_scheme);
+        if !fc.enabled || !scope.is_well_formed() {
+            return Gate::Pass;
+        }
+        let limits = QueueLimits {
+            max_queued: usize::try_from(fc.max_queued).unwrap_or(usize::MAX),
+            max_wait: fc.max_queue_wait,
+        };
+        let mut queues = self.queues.lock();
+        let queued_before = queues
+            .get(&fields.model)
+            .is_some_and(|q| !q.queue.is_empty());
+        // Nothing held for the model and a replica with room: the decision runs
+        // exactly as without flow control.
+        if !queued_before
+            && !all_saturated(
+                self.router.pressures(scope, candidates, now),
+                &self.thresholds,
+            )
+        {
+            return Gate::Pass;
+        }
+        let mq = queues
+            .entry(fields.model.clone())
+            .or_insert_with(|| ModelQueue {
+                queue: FlowQueue::new(limits),
+                waiters: HashMap::new(),
+                in_transit: Arc::new(AtomicUsize::new(0)),
+            });
+        mq.queue.set_limits(limits);
+        let tokens = request_tokens(fields);
+        let admission = mq.queue.enqueue(
+            Request {
+                priority,
+                tenant: &fields.tenant,
+                fair_weight: tenant.fair_weight,
+                tokens,
+            },
+            now,
+        );
+        let retry_after_secs = limits.retry_after_secs();
+        let ticket = match admission {
+            Admission::Shed => {
+                drop(queues);
+                self.metrics.record_shed(ShedReason::QueueFull);
+                return Gate::Shed(Shed {
+                    reason: ShedReason::QueueFull,
+                    retry_after_secs,
+                    waited: Duration::ZERO,
+                });
+            }
+            Admission::Held(t) => t,
+            Admission::HeldEvicting { held, evicted } => {
+                if let Some(w) = mq.waiters.remove(&evicted) {
+                    self.shed_waiter(w, ShedReason::Priority, now);
+                }
+                held
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        mq.waiters.insert(
+            ticket,
+            Waiter {
+                tx,
+                tenant: fields.tenant.clone(),
+                hash_scheme: fields.hash_scheme.clone(),
+                candidates: candidates.to_vec(),
+                retry_after_secs,
+                enqueued_at: now,
+            },
+        );
+        self.recount(&queues);
+        drop(queues);
+        self.metrics.record_held();
+        self.start_pump();
+        self.wake.notify_one();
+        Gate::Held(Pending {
+            rx,
+            ticket,
+            model: fields.model.clone(),
+            gate: self.clone(),
+            message_timeout: limits.max_wait + MESSAGE_TIMEOUT_MARGIN,
+            done: false,
+        })
+    }
+
+    /// A held request's stream ended: it leaves its queue.
+    fn cancel(&self, model: &str, ticket: Ticket) {
+        let mut queues = self.queues.lock();
+        if let Some(mq) = queues.get_mut(model) {
+            mq.queue.cancel(ticket);
+            mq.waiters.remove(&ticket);
+            if mq.queue.is_empty() && mq.in_transit.load(Ordering::Acquire) == 0 {
+                queues.remove(model);
+            }
+        }
+        self.recount(&queues);
+    }
+
+    /// Expires and releases what is due; the pump's next wait (`None`: nothing
+    /// held, wait for a wake-up only).
+    pub fn pump_once(&self, now: Timestamp) -> Option<Duration> {
+        let mut queues = self.queues.lock();
+        for (model, mq) in queues.iter_mut() {
+            for t in mq.queue.expire(now) {
+                if let Some(w) = mq.waiters.remove(&t) {
+                    self.shed_waiter(w, ShedReason::QueueTimeout, now);
+                }
+            }
+            while mq.in_transit.load(Ordering::Acquire) == 0 {
+                let Some(head) = mq.queue.peek() else { break };
+                let Some(w) = mq.waiters.get(&head) else {
+                    // No one waits on it any more: drop it and look again.
+                    mq.queue.cancel(head);
+                    continue;
+                };
+                let scope = ScopeRef::new(&w.tenant, model, &w.hash_scheme);
+                if all_saturated(
+                    self.router.pressures(scope, &w.candidates, now),
+                    &self.thresholds,
+                ) {
+                    break;
+                }
+                let Some(released) = mq.queue.release(now) else {
+                    break;
+                };
+                let Some(w) = mq.waiters.remove(&released.ticket) else {
+                    continue;
+                };
+                mq.in_transit.fetch_add(1, Ordering::AcqRel);
+                let transit = Transit {
+                    count: mq.in_transit.clone(),
+                    wake: self.wake.clone(),
+                };
+                let sent = w.tx.send(Outcome::Released {
+                    waited: released.waited,
+                    transit,
+                });
+                match sent {
+                    Ok(()) => self.metrics.record_released(released.waited),
+                    // Its stream is gone: the Transit drops here, the next goes.
+                    Err(lost) => drop(lost),
+                }
+            }
+        }
+        queues.retain(|_, mq| !mq.queue.is_empty() || mq.in_transit.load(Ordering::Acquire) > 0);
+        self.recount(&queues);
+        let next_deadline = queues
+            .values()
+            .filter_map(|mq| mq.queue.next_deadline())
+            .min();
+        let any_held = queues.values().any(|mq| !mq.queue.is_empty());
+        drop(queues);
+        any_held.then(|| {
+            next_deadline
+                .map(|d| d.since(now).min(TICK))
+                .unwrap_or(TICK)
+                .max(Duration::from_millis(1))
+        })
+    }
+
+    fn shed_waiter(&self, w: Waiter, reason: ShedReason, now: Timestamp) {
+        self.metrics.record_shed(reason);
+        let _ = w.tx.send(Outcome::Shed(Shed {
+            reason,
+            retry_after_secs: w.retry_after_secs,
+            waited: now.since(w.enqueued_at),
+        }));
+    }
+
+    /// Refreshes the held count and the depth metric (under the lock).
+    fn recount(&self, queues: &HashMap<String, ModelQueue>) {
+        let total: usize = queues.values().map(|mq| mq.queue.len()).sum();
+        self.held.store(total, Ordering::Release);
+        self.metrics
+            .set_depth(queues.values().flat_map(|mq| mq.queue.depth_by_band()));
+    }
+
+    /// Starts the pump task on the current runtime, once. Outside a runtime
+    /// (synchronous tests) nothing starts: the owner calls [`Self::pump_once`].
+    fn start_pump(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.pump.get_or_init(|| {
+            let weak = Arc::downgrade(self);
+            let wake = self.wake.clone();
+            runtime.spawn(pump(weak, wake));
+        });
+    }
+}
+
+/// Runs [`FlowGate::pump_once`] on every wake-up, and every [`TICK`] while
+/// anything is held; ends with the gate.
+async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
+    loop {
+        let next = match gate.upgrade() {
+            Some(g) => g.pump_once(Timestamp::now()),
+            None => return,
+        };
+        match next {
+            Some(wait) => {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+/// A request's cost under fair queuing: its prompt tokens as its headers (or
+/// body) give them, at least 1.
+fn request_tokens(fields: &RoutingFields) -> u64 {
+    let chain: u64 = fields
+        .block_token_counts
+        .iter()
+        .map(|&c| u64::from(c))
+        .sum();
+    chain.max(u64::from(fields.prefix_tokens)).max(1)
+}
+
+#[cfg(test)]
+mod tests;

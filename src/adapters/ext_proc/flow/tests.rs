@@ -1,0 +1,552 @@
+//! Flow control through the ext_proc service (streams as Envoy opens them, the
+//! pump task running) and, for the release order across tenants, through the
+//! gate with the pump driven by hand.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use futures::StreamExt;
+use futures::channel::mpsc;
+use tonic::Status;
+
+use super::super::headers::*;
+use super::super::{ExtProc, ExtProcConfig, InflightRelease, Message, Reply, StreamState, replies};
+use super::*;
+use crate::adapters::metrics::Metrics;
+use crate::adapters::policy_file::SourceStatus;
+use crate::core::flow::saturation::Thresholds;
+use crate::core::index::{IndexConfig, IndexEvent, IngestBatch, ReplicaStats, StatsReport};
+use crate::core::policy::{FlowControl, ResolvedPolicy};
+use crate::core::scope::ScopeKey;
+use crate::core::snapshot::{BackendDecl, DeclaredReplica, NamespacePolicy, PolicySnapshot};
+
+const CHAIN: [u64; 4] = [0xb1, 0xb2, 0xb3, 0xb4];
+/// Generous: CI runs on two loaded cores.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn flow_policy(max_queued: u32, max_wait: Duration) -> ResolvedPolicy {
+    ResolvedPolicy {
+        flow_control: FlowControl {
+            enabled: true,
+            max_queue_wait: max_wait,
+            max_queued,
+        },
+        ..ResolvedPolicy::default()
+    }
+}
+
+fn backend(tenant: &str, replicas: &[(&str, &str)]) -> BackendDecl {
+    BackendDecl {
+        namespace: format!("ns-{tenant}"),
+        name: "llama".into(),
+        scope: ScopeKey {
+            tenant: tenant.into(),
+            model: "llama".into(),
+            hash_scheme: "vllm".into(),
+        },
+        engine: "vLLM".into(),
+        block_size: 16,
+        kv_events_topic: String::new(),
+        lora_adapters: Vec::new(),
+        replicas: replicas
+            .iter()
+            .map(|(id, addr)| DeclaredReplica {
+                id: (*id).into(),
+                address: (*addr).into(),
+                kv_events_endpoint: None,
+                kv_replay_endpoint: None,
+                data_parallel_size: 1,
+            })
+            .collect(),
+    }
+}
+
+/// Tenants (id, fair weight) each in its own namespace under `policy`, every
+/// one served by `replicas`, r1 holding CHAIN for each.
+fn mk_router(
+    tenants: &[(&str, Option<u32>)],
+    replicas: &[(&str, &str)],
+    policy: ResolvedPolicy,
+) -> Arc<Router> {
+    let policy = Arc::new(policy);
+    let namespaces = tenants
+        .iter()
+        .map(|(t, w)| NamespacePolicy {
+            namespace: format!("ns-{t}"),
+            tenant_id: Some((*t).into()),
+            policy_name: Some("p".into()),
+            policy: policy.clone(),
+            max_index_entries: None,
+            fair_weight: *w,
+        })
+        .collect();
+    let backends = tenants.iter().map(|(t, _)| backend(t, replicas)).collect();
+    let snapshot = PolicySnapshot::new(ResolvedPolicy::default(), namespaces, backends);
+    let now = Timestamp::now();
+    let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
+    for (t, _) in tenants {
+        let events = [IndexEvent::Stored {
+            parent: None,
+            hashes: CHAIN.to_vec(),
+            token_counts: vec![],
+        }];
+        let batch = IngestBatch {
+            scope: ScopeRef::new(t, "llama", "vllm"),
+            replica_id: "r1",
+            endpoint: "",
+            events: &events,
+        };
+        router.ingest(&batch, now).unwrap();
+    }
+    router
+}
+
+fn mk_service(router: Arc<Router>, saturation: Thresholds) -> ExtProc {
+    let metrics = Arc::new(Metrics::new(router.clone(), Arc::new(SourceStatus::new())));
+    ExtProc::new(
+        router,
+        metrics,
+        ExtProcConfig {
+            saturation,
+            inflight_release: InflightRelease::ResponseHeaders,
+            ..ExtProcConfig::default()
+        },
+    )
+}
+
+/// One in flight saturates a replica: freeing it is a response beginning.
+const ONE_IN_FLIGHT: Thresholds = Thresholds {
+    max_waiting: 1,
+    kv_usage_limit: 0.95,
+};
+
+fn report(router: &Router, tenant: &str, replica: &str, address: &str, waiting: u32) {
+    let report = StatsReport {
+        scope: ScopeRef::new(tenant, "llama", "vllm"),
+        replica_id: replica,
+        endpoint: address,
+        stats: ReplicaStats {
+            waiting_requests: waiting,
+            ..ReplicaStats::default()
+        },
+    };
+    router.report_stats(&report, Timestamp::now()).unwrap();
+}
+
+/// A stream as Envoy opens it: messages in, replies out, through the service's
+/// own stream loop (so holds, the pump and cancellation are the real ones),
+/// polled on its own task as tonic does.
+struct Client {
+    tx: Option<mpsc::UnboundedSender<Result<ProcessingRequest, Status>>>,
+    rx: mpsc::UnboundedReceiver<Result<ProcessingResponse, Status>>,
+}
+
+impl Client {
+    fn open(svc: &ExtProc) -> Self {
+        let (tx, inbound) = mpsc::unbounded();
+        let (out, rx) = mpsc::unbounded();
+        let mut stream = Box::pin(replies(svc.clone(), inbound, StreamState::default()));
+        tokio::spawn(async move {
+            while let Some(r) = stream.next().await {
+                if out.unbounded_send(r).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { tx: Some(tx), rx }
+    }
+
+    fn send(&self, msg: ProcessingRequest) {
+        self.tx.as_ref().unwrap().unbounded_send(Ok(msg)).unwrap();
+    }
+
+    fn send_headers(&self, tenant: &str, extra: &[(&str, &str)]) {
+        let chain = format_chain(&CHAIN);
+        let mut pairs = vec![
+            (TENANT, tenant),
+            (MODEL, "llama"),
+            (HASH_SCHEME, "vllm"),
+            (BLOCK_HASHES, chain.as_str()),
+            (BLOCK_TOKEN_COUNTS, "16,16,16,16"),
+        ];
+        pairs.extend_from_slice(extra);
+        let headers = pairs
+            .iter()
+            .map(|(k, v)| HeaderValue {
+                key: (*k).into(),
+                value: String::new(),
+                raw_value: v.as_bytes().to_vec(),
+            })
+            .collect();
+        self.send(ProcessingRequest {
+            request: Some(Message::RequestHeaders(HttpHeaders {
+                headers: Some(HeaderMap { headers }),
+                end_of_stream: true,
+                ..HttpHeaders::default()
+            })),
+            ..ProcessingRequest::default()
+        });
+    }
+
+    /// The response began: the request stops counting in flight.
+    fn respond(&self) {
+        self.send(ProcessingRequest {
+            request: Some(Message::ResponseHeaders(HttpHeaders::default())),
+            ..ProcessingRequest::default()
+        });
+    }
+
+    /// The client goes away: the inbound stream ends.
+    fn hang_up(&mut self) {
+        self.tx = None;
+    }
+
+    async fn next(&mut self) -> ProcessingResponse {
+        tokio::time::timeout(PATIENCE, self.rx.next())
+            .await
+            .expect("a reply in time")
+            .expect("the stream is open")
+            .expect("not an error")
+    }
+
+    /// The next reply, skipping the message-timeout extension a hold sends.
+    async fn decision(&mut self) -> ProcessingResponse {
+        loop {
+            let r = self.next().await;
+            if r.response.is_some() {
+                return r;
+            }
+        }
+    }
+
+    /// Nothing is answered within `d` (beyond the hold's timeout extension).
+    async fn silent_for(&mut self, d: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.next()).await {
+                Err(_) => return true,
+                Ok(Some(Ok(r))) if r.response.is_none() => continue,
+                Ok(_) => return false,
+            }
+        }
+    }
+}
+
+/// A header the reply sets toward the upstream (or on an immediate response).
+fn header(r: &ProcessingResponse, name: &str) -> Option<String> {
+    let set = match &r.response {
+        Some(Reply::RequestHeaders(h)) => {
+            &h.response.as_ref()?.header_mutation.as_ref()?.set_headers
+        }
+        Some(Reply::ImmediateResponse(i)) => &i.headers.as_ref()?.set_headers,
+        _ => return None,
+    };
+    set.iter().find_map(|o| {
+        let h = o.header.as_ref()?;
+        (h.key == name).then(|| String::from_utf8_lossy(&h.raw_value).into_owned())
+    })
+}
+
+fn removed(r: &ProcessingResponse, name: &str) -> bool {
+    match &r.response {
+        Some(Reply::RequestHeaders(h)) => h
+            .response
+            .as_ref()
+            .and_then(|c| c.header_mutation.as_ref())
+            .is_some_and(|m| m.remove_headers.iter().any(|h| h == name)),
+        _ => false,
+    }
+}
+
+fn status(r: &ProcessingResponse) -> Option<i32> {
+    match &r.response {
+        Some(Reply::ImmediateResponse(i)) => i.status.as_ref().map(|s| s.code),
+        _ => None,
+    }
+}
+
+/// Waits until the gate holds `n` requests.
+async fn until_held(svc: &ExtProc, n: usize) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while svc.flow.held() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "held {} while waiting for {n}",
+            svc.flow.held()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+const THREE: [(&str, &str); 3] = [
+    ("r1", "127.0.0.1:8001"),
+    ("r2", "127.0.0.1:8002"),
+    ("r3", "127.0.0.1:8003"),
+];
+
+#[tokio::test]
+async fn below_saturation_flow_control_changes_no_decision() {
+    // The same requests against the same fleet, flow control off and on: the
+    // replies are identical, nothing is held, no timeout extension is sent.
+    let mut replies_of = Vec::new();
+    for enabled in [false, true] {
+        let mut policy = flow_policy(4, Duration::from_secs(1));
+        policy.flow_control.enabled = enabled;
+        let router = mk_router(&[("acme", None)], &THREE, policy);
+        for (id, addr) in THREE {
+            report(&router, "acme", id, addr, 3);
+        }
+        let svc = mk_service(router, Thresholds::default());
+        let mut got = Vec::new();
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            let mut c = Client::open(&svc);
+            c.send_headers("acme", &[]);
+            let r = c.next().await;
+            assert!(r.response.is_some(), "a decision, not a hold: {r:?}");
+            got.push(r);
+            open.push(c);
+        }
+        assert_eq!(svc.flow.held(), 0);
+        replies_of.push(got);
+    }
+    assert_eq!(replies_of[0], replies_of[1]);
+    assert_eq!(
+        header(&replies_of[1][0], DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8001")
+    );
+}
+
+#[tokio::test]
+async fn a_held_request_goes_to_the_replica_that_frees() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE,
+        flow_policy(8, Duration::from_secs(30)),
+    );
+    for (id, addr) in THREE {
+        report(&router, "acme", id, addr, 20);
+    }
+    let svc = mk_service(router.clone(), Thresholds::default());
+    let mut c = Client::open(&svc);
+    c.send_headers("acme", &[(DEBUG, "1"), (PRIORITY, "2")]);
+    // Held: Envoy is first asked to wait maxQueueWait plus the margin.
+    let first = c.next().await;
+    assert!(first.response.is_none(), "{first:?}");
+    let extended = first.override_message_timeout.expect("a timeout extension");
+    assert_eq!(extended.seconds, 31);
+    until_held(&svc, 1).await;
+    assert!(c.silent_for(Duration::from_millis(200)).await);
+    // r2's engine drains: the request is decided now, and the load rule sends
+    // it there rather than to r1, which holds its blocks but is still full.
+    report(&router, "acme", "r2", "127.0.0.1:8002", 0);
+    let r = c.decision().await;
+    assert_eq!(
+        header(&r, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8002")
+    );
+    assert_eq!(header(&r, SPILLED_FROM).as_deref(), Some("r1"));
+    let queued: u64 = header(&r, QUEUED_MS).unwrap().parse().unwrap();
+    assert!(queued >= 200, "{queued}");
+    assert!(removed(&r, PRIORITY), "the priority is not the engine's");
+    assert_eq!(svc.flow.held(), 0);
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_the_newcomer_with_429_and_retry_after() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(1, Duration::from_millis(2500)),
+    );
+    let svc = mk_service(router, ONE_IN_FLIGHT);
+    let mut busy = Client::open(&svc);
+    busy.send_headers("acme", &[]);
+    assert!(busy.next().await.response.is_some());
+    let mut held = Client::open(&svc);
+    held.send_headers("acme", &[]);
+    until_held(&svc, 1).await;
+    let mut late = Client::open(&svc);
+    late.send_headers("acme", &[(DEBUG, "1"), (SHED, "forged")]);
+    let r = late.decision().await;
+    assert_eq!(status(&r), Some(429));
+    assert_eq!(header(&r, "retry-after").as_deref(), Some("3"));
+    assert_eq!(header(&r, SHED).as_deref(), Some("queue-full"));
+    assert_eq!(header(&r, QUEUED_MS).as_deref(), Some("0"));
+    // The held one is still held, and goes once the busy request's response begins.
+    assert_eq!(svc.flow.held(), 1);
+    busy.respond();
+    let r = held.decision().await;
+    assert_eq!(
+        header(&r, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8001")
+    );
+}
+
+#[tokio::test]
+async fn a_request_held_past_max_queue_wait_is_shed_as_timeout() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(4, Duration::from_millis(300)),
+    );
+    let svc = mk_service(router, ONE_IN_FLIGHT);
+    let mut busy = Client::open(&svc);
+    busy.send_headers("acme", &[]);
+    assert!(busy.next().await.response.is_some());
+    let mut c = Client::open(&svc);
+    c.send_headers("acme", &[(DEBUG, "1")]);
+    let r = c.decision().await;
+    assert_eq!(status(&r), Some(429));
+    assert_eq!(header(&r, SHED).as_deref(), Some("queue-timeout"));
+    assert_eq!(header(&r, "retry-after").as_deref(), Some("1"));
+    let waited: u64 = header(&r, QUEUED_MS).unwrap().parse().unwrap();
+    assert!(waited >= 300, "{waited}");
+    assert_eq!(svc.flow.held(), 0);
+    // The stream is over: nothing more is answered.
+    c.respond();
+    assert!(c.silent_for(Duration::from_millis(100)).await);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_while_held_leaves_the_queue() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(4, Duration::from_secs(30)),
+    );
+    let svc = mk_service(router, ONE_IN_FLIGHT);
+    let mut busy = Client::open(&svc);
+    busy.send_headers("acme", &[]);
+    assert!(busy.next().await.response.is_some());
+    let mut gone = Client::open(&svc);
+    gone.send_headers("acme", &[]);
+    let mut stays = Client::open(&svc);
+    stays.send_headers("acme", &[]);
+    until_held(&svc, 2).await;
+    gone.hang_up();
+    // The stream ends once its loop sees the end of the inbound messages.
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(r) = gone.rx.next().await {
+                assert!(
+                    r.unwrap().response.is_none(),
+                    "a hung-up request was decided"
+                );
+            }
+        })
+        .await
+        .is_ok()
+    );
+    until_held(&svc, 1).await;
+    busy.respond();
+    assert!(stays.decision().await.response.is_some());
+    assert_eq!(svc.flow.held(), 0);
+}
+
+#[tokio::test]
+async fn higher_priority_is_released_first() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(8, Duration::from_secs(30)),
+    );
+    let svc = mk_service(router, ONE_IN_FLIGHT);
+    let mut busy = Client::open(&svc);
+    busy.send_headers("acme", &[]);
+    assert!(busy.next().await.response.is_some());
+    let mut clients = Vec::new();
+    for (i, p) in ["0", "5", "-3", "1"].into_iter().enumerate() {
+        let c = Client::open(&svc);
+        c.send_headers("acme", &[(PRIORITY, p)]);
+        until_held(&svc, i + 1).await;
+        clients.push((p, c));
+    }
+    // Each response beginning frees the one replica for exactly one request.
+    let mut order = Vec::new();
+    let mut last = busy;
+    while !clients.is_empty() {
+        last.respond();
+        let mut released = None;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while released.is_none() {
+            assert!(tokio::time::Instant::now() < deadline, "nothing released");
+            for (i, (_, c)) in clients.iter_mut().enumerate() {
+                if !c.silent_for(Duration::from_millis(20)).await {
+                    released = Some(i);
+                    break;
+                }
+            }
+        }
+        let (p, c) = clients.remove(released.unwrap());
+        order.push(p);
+        last = c;
+        assert_eq!(svc.flow.held(), clients.len());
+    }
+    assert_eq!(order, ["5", "1", "0", "-3"]);
+}
+
+#[test]
+fn tenants_are_served_in_proportion_to_their_weight() {
+    // Two Fairness tenants of weights 1 and 3, equal requests, both backlogged:
+    // the release order gives the heavier three of every four.
+    let router = mk_router(
+        &[("light", Some(1)), ("heavy", Some(3))],
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
+    for t in ["light", "heavy"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 20);
+    }
+    let metrics = Arc::new(crate::adapters::metrics::flow::FlowMetrics::default());
+    let gate = Arc::new(FlowGate::new(
+        router.clone(),
+        metrics,
+        Thresholds::default(),
+    ));
+    let fields = |tenant: &str| RoutingFields {
+        tenant: tenant.into(),
+        model: "llama".into(),
+        hash_scheme: "vllm".into(),
+        block_hashes: CHAIN.to_vec(),
+        block_token_counts: vec![16; CHAIN.len()],
+        ..RoutingFields::default()
+    };
+    let now = Timestamp::now();
+    let mut pending = Vec::new();
+    for _ in 0..8 {
+        for t in ["light", "heavy"] {
+            match gate.admit(&fields(t), 0, &[], now) {
+                Gate::Held(p) => pending.push((t, p)),
+                _ => panic!("every replica is saturated: the request is held"),
+            }
+        }
+    }
+    assert_eq!(gate.held(), 16);
+    // Both engines drain; each release waits for the last to be decided.
+    for t in ["light", "heavy"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 0);
+    }
+    let mut order = Vec::new();
+    for _ in 0..8 {
+        gate.pump_once(Timestamp::now());
+        let mut released = pending
+            .iter_mut()
+            .filter_map(|(t, p)| match p.rx.try_recv() {
+                Ok(Outcome::Released { transit, .. }) => Some((*t, transit)),
+                Ok(Outcome::Shed(s)) => panic!("shed: {s:?}"),
+                Err(_) => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(released.len(), 1, "one release at a time");
+        let (t, transit) = released.pop().unwrap();
+        order.push(t);
+        drop(transit);
+    }
+    let heavy = order.iter().filter(|t| **t == "heavy").count();
+    assert_eq!((heavy, 8 - heavy), (6, 2), "{order:?}");
+}
