@@ -67,6 +67,9 @@ def demo():
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group: leftovers are findable
+        # As in a terminal: a runner started in the background (SIGINT ignored,
+        # which children inherit and bash cannot trap) must not hide Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: "queue.Queue[str | None]" = queue.Queue()
 
