@@ -197,6 +197,8 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
                 "statsReported": stats.is_some(),
                 "inflightRequests": r.inflight_requests,
                 "inflightTokens": r.inflight_tokens,
+                "peerInflightRequests": r.peer_inflight_requests,
+                "peerInflightTokens": r.peer_inflight_tokens,
                 "recentRequests": (r.recent_requests * 100.0).round() / 100.0,
                 "hitRate": stats.map(|(s, _)| s.hit_rate),
                 "cacheMemoryBytes": stats.map(|(s, _)| s.cache_memory_bytes),

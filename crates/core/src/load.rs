@@ -154,6 +154,16 @@ impl ReplicaLoad {
         self.peer_inflight.load(Ordering::Relaxed)
     }
 
+    /// The uncached tokens of the peers' routes still prefilling here.
+    pub fn peer_tokens(&self) -> u64 {
+        self.peer_tokens.load(Ordering::Relaxed)
+    }
+
+    /// This sidecar's own prefill backlog here (without its peers').
+    pub fn own_inflight_tokens(&self) -> u64 {
+        self.inflight_tokens.load(Ordering::Relaxed)
+    }
+
     /// When the engine's last queue report came, ns; 0 = never.
     pub fn engine_queue_at(&self) -> u64 {
         self.engine_queue_at.load(Ordering::Relaxed)
