@@ -147,7 +147,9 @@ mod tests {
             creds: Some("/nonexistent/user.creds".into()),
             ..NatsAccess::default()
         };
-        let e = options(&creds, "t").await.err().expect("missing creds");
+        let Err(e) = options(&creds, "t").await else {
+            panic!("missing creds accepted")
+        };
         assert!(format!("{e:#}").contains("--fleet-nats-creds"), "{e:#}");
         let garbage = NatsAccess {
             creds: Some(temp("garbage.creds", "not a creds file")),
@@ -159,7 +161,9 @@ mod tests {
             tls_ca: Some("/nonexistent/ca.pem".into()),
             ..NatsAccess::default()
         };
-        let e = options(&ca, "t").await.err().expect("missing CA");
+        let Err(e) = options(&ca, "t").await else {
+            panic!("missing CA accepted")
+        };
         assert!(format!("{e:#}").contains("--fleet-nats-tls-ca"), "{e:#}");
     }
 
