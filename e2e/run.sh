@@ -13,6 +13,10 @@ cargo build --quiet --bin inferencecache --bin inferencecache-sim
 # the Go module proxy (needs Go), cached; a failed build fails the run here.
 INFERENCECACHE_KUBE_BIN="$(bash e2e/kube/build.sh)"
 export INFERENCECACHE_KUBE_BIN
+# nats-server for test_fleet.py and the fleet benchmark: the Debian package,
+# unpacked into the cache (no root); a failed download fails the run here.
+INFERENCECACHE_NATS_SERVER="$(bash e2e/nats/install.sh)"
+export INFERENCECACHE_NATS_SERVER
 target_dir="${CARGO_TARGET_DIR:-target}"
 export INFERENCECACHE_BIN="${INFERENCECACHE_BIN:-$target_dir/debug/inferencecache}"
 exec python -m pytest -q e2e "$@"

@@ -37,6 +37,7 @@ use crate::adapters::drain::Drain;
 use crate::adapters::engine_metrics::{self, supervisor::Scrapers};
 use crate::adapters::ext_proc::headers::DEFAULT_DESTINATION_HEADER;
 use crate::adapters::ext_proc::{DestinationMode, ExtProc, ExtProcConfig, InflightRelease};
+use crate::adapters::fleet::{self, FleetConfig, NatsAccess};
 use crate::adapters::grpc::CacheApi;
 use crate::adapters::ingest::{IngestGuard, IngestLimits, IngestTokens};
 use crate::adapters::kubernetes::{self, leader::LeaseConfig};
@@ -178,6 +179,28 @@ pub struct ServeArgs {
     /// spec.tokenizer.path) are checked for changed files, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub tokenizer_poll_ms: u64,
+    /// Fleet sync: the NATS server(s) (`nats://host:4222`, comma-separated)
+    /// through which the sidecars of one fleet share their routes as they
+    /// happen. Absent: this sidecar routes on its own view.
+    #[arg(long, value_name = "URL")]
+    pub fleet_nats: Option<String>,
+    /// This sidecar's id in its fleet (letters, digits, '-', '_'); defaults to
+    /// $POD_NAME, then the host name.
+    #[arg(long, value_name = "ID", requires = "fleet_nats")]
+    pub fleet_id: Option<String>,
+    /// The fleet's name: prefixes every subject, so two fleets can share one NATS.
+    #[arg(long, value_name = "NAME", default_value = fleet::DEFAULT_NAME)]
+    pub fleet_name: String,
+    /// NATS credentials file (user JWT and NKey seed) for --fleet-nats.
+    #[arg(long, value_name = "PATH", requires = "fleet_nats")]
+    pub fleet_nats_creds: Option<PathBuf>,
+    /// File holding the NATS token for --fleet-nats.
+    #[arg(long, value_name = "PATH", requires = "fleet_nats")]
+    pub fleet_nats_token_file: Option<PathBuf>,
+    /// PEM CA bundle the NATS server's certificate must be signed by (TLS
+    /// required then).
+    #[arg(long, value_name = "PATH", requires = "fleet_nats")]
+    pub fleet_nats_tls_ca: Option<PathBuf>,
 }
 
 /// Runs the server until a shutdown signal, then drains.
@@ -321,6 +344,12 @@ pub async fn run_until(
             "the ingest listener has neither --ingest-token-file nor --ingest-client-ca: \
              anyone who reaches it can write the index");
     }
+    // Fleet sync checks its flags and files here too, then connects in the
+    // background: NATS down at start is not an error.
+    let fleet_sync = match fleet_config(&args) {
+        Some(config) => Some(fleet::start(&config, router.clone(), metrics.fleet().clone()).await?),
+        None => None,
+    };
     let guard = Arc::new(IngestGuard::new(
         tokens,
         IngestLimits {
@@ -481,6 +510,9 @@ pub async fn run_until(
     if let Some(e) = early {
         drain.start();
         background();
+        if let Some(f) = &fleet_sync {
+            f.abort();
+        }
         for t in [&grpc, &ingest] {
             t.abort();
         }
@@ -523,6 +555,10 @@ pub async fn run_until(
         grpc.abort();
         ingest.abort();
     }
+    // Nothing is routed from here on: the peers release this sidecar's routes.
+    if let Some(f) = fleet_sync {
+        f.leave(Duration::from_secs(2)).await;
+    }
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
     subscribers
         .close(remaining.max(Duration::from_secs(1)))
@@ -549,6 +585,21 @@ fn ended(what: &str, r: Result<anyhow::Result<()>, tokio::task::JoinError>) -> a
         Ok(Err(e)) => e.context(format!("{what} failed")),
         Err(e) => anyhow::anyhow!("{what} task failed: {e}"),
     }
+}
+
+/// The fleet sync settings, with `--fleet-nats`.
+fn fleet_config(args: &ServeArgs) -> Option<FleetConfig> {
+    let url = args.fleet_nats.clone()?;
+    Some(FleetConfig {
+        access: NatsAccess {
+            url,
+            creds: args.fleet_nats_creds.clone(),
+            token_file: args.fleet_nats_token_file.clone(),
+            tls_ca: args.fleet_nats_tls_ca.clone(),
+        },
+        id: args.fleet_id.clone().unwrap_or_else(fleet::default_id),
+        name: args.fleet_name.clone(),
+    })
 }
 
 /// `--lease-duration`: a Go-style duration of whole seconds, at least the minimum.

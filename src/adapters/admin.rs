@@ -61,6 +61,8 @@ async fn healthz() -> &'static str {
 /// bad reload keeps the last good snapshot in force). A broken tokenizer is listed
 /// under `tokenizerErrors` but does not make the sidecar unready: body requests
 /// for that backend fall back to no hint (fail-open), everything else routes.
+/// Neither does a fleet view lost (`fleet`, with `--fleet-nats`): without its
+/// NATS the sidecar routes on its own view, as one alone does.
 async fn readyz(State(s): State<AdminState>) -> Response {
     let loaded = s.source.last_good_revision();
     let self_test = s.router.self_test(Timestamp::now());
@@ -74,6 +76,7 @@ async fn readyz(State(s): State<AdminState>) -> Response {
         "policyLastError": s.source.last_error(),
         "selfTest": match &self_test { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
         "tokenizerErrors": s.tokenizers.problems(),
+        "fleet": s.metrics.fleet().condition(),
     });
     let code = if ready {
         StatusCode::OK
@@ -194,6 +197,8 @@ pub fn snapshot_json(view: &IndexView, policy: &PolicySnapshot, now: Timestamp) 
                 "statsReported": stats.is_some(),
                 "inflightRequests": r.inflight_requests,
                 "inflightTokens": r.inflight_tokens,
+                "peerInflightRequests": r.peer_inflight_requests,
+                "peerInflightTokens": r.peer_inflight_tokens,
                 "recentRequests": (r.recent_requests * 100.0).round() / 100.0,
                 "hitRate": stats.map(|(s, _)| s.hit_rate),
                 "cacheMemoryBytes": stats.map(|(s, _)| s.cache_memory_bytes),

@@ -1,8 +1,140 @@
-//! The fleet's shared routing state: what travels between the sidecars of one
-//! fleet. [`wire`] is the message format every sidecar publishes and checks
-//! before anything reaches the core's [`crate::core::load::peer_ledger`].
+//! Fleet sync: several sidecars route as one. Each publishes the routing facts
+//! it keeps for its own routes (routed, prefill ended, released; heartbeats;
+//! leave on shutdown) on core NATS subjects under `<fleet-name>.`, and folds its
+//! peers' facts into the same load signals it keeps for its own routes, so every
+//! decision sees the fleet's traffic as it happens instead of a scrape later.
 //!
-//! Not wired into `serve` yet: the NATS transport that carries these messages is
-//! still to come.
+//! ```text
+//!  Router::admit ─▶ SharedRoute ─▶ publisher (bounded queue ─▶ task) ─▶ NATS
+//!  NATS ─▶ subscriber (subject, wire, peer checks) ─▶ Router::apply_peer ─▶ PeerLedger
+//!                                                      └─▶ ReplicaLoad (peer counts)
+//! ```
+//!
+//! The routing path never waits on NATS: facts go through a bounded queue that
+//! drops when full. NATS down or unreachable (at start or later): the sidecar
+//! routes on its own view, as one alone does, and says so (`/readyz` `fleet`,
+//! `inferencecache_fleet_connected`); the client reconnects by itself and the
+//! peers' state rebuilds from their next messages.
+//!
+//! [`wire`] is the message format, [`subjects`] the subject names,
+//! [`transport`] the connection, [`publisher`] and [`subscriber`] the two
+//! directions, [`metrics`] what is counted.
 
+pub mod metrics;
+pub mod publisher;
+pub mod subjects;
+pub mod subscriber;
+pub mod transport;
 pub mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+
+use crate::core::Router;
+use metrics::FleetMetrics;
+use publisher::Leave;
+use subjects::{Subjects, check_token};
+pub use transport::NatsAccess;
+
+/// `--fleet-name` when not given.
+pub const DEFAULT_NAME: &str = "inferencecache";
+
+/// One sidecar's fleet sync settings.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    pub access: NatsAccess,
+    /// This sidecar's id in the fleet (one subject token).
+    pub id: String,
+    /// The fleet's name: namespaces every subject.
+    pub name: String,
+}
+
+/// `--fleet-id` when not given: `$POD_NAME`, else `$HOSTNAME`, else the
+/// kernel's host name, made into a subject token.
+pub fn default_id() -> String {
+    let name = ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "inferencecache".to_string());
+    subjects::token_from(name.trim())
+}
+
+/// The running fleet sync.
+pub struct FleetSync {
+    leave: Leave,
+    publisher: JoinHandle<()>,
+    subscriber: JoinHandle<()>,
+}
+
+/// Joins the fleet: checks the settings (a bad id, name or auth file is an
+/// error), then connects in the background and returns at once, NATS
+/// reachable or not.
+pub async fn start(
+    config: &FleetConfig,
+    router: Arc<Router>,
+    metrics: Arc<FleetMetrics>,
+) -> anyhow::Result<FleetSync> {
+    check_token(&config.id).with_context(|| format!("--fleet-id {:?}", config.id))?;
+    check_token(&config.name).with_context(|| format!("--fleet-name {:?}", config.name))?;
+    let subjects = Subjects::new(&config.name);
+    let client_name = format!("inferencecache {}/{}", config.name, config.id);
+    let client = transport::connect(
+        &config.access,
+        &client_name,
+        router.clone(),
+        metrics.clone(),
+    )
+    .await?;
+    metrics.enable();
+    let (publisher, outbox) =
+        publisher::queue(&config.id, subjects.routes_of(&config.id), metrics.clone());
+    if !router.join_fleet(&config.id, Arc::new(publisher)) {
+        anyhow::bail!("this router is already in a fleet");
+    }
+    let (leave, publisher) = outbox.run(client.clone(), Duration::from_secs(1));
+    let subscription = subscriber::subscribe(&client, &subjects).await?;
+    let subscriber = tokio::spawn(subscriber::run(
+        subscription,
+        router,
+        subjects,
+        config.id.clone(),
+        metrics,
+    ));
+    tracing::info!(fleet = %config.name, id = %config.id, nats = %config.access.url, "fleet sync on");
+    Ok(FleetSync {
+        leave,
+        publisher,
+        subscriber,
+    })
+}
+
+impl FleetSync {
+    /// Leaves the fleet: publishes Leave (the peers release this sidecar's
+    /// routes at once) and stops, within `timeout`.
+    pub async fn leave(self, timeout: Duration) {
+        self.leave.send();
+        let mut publisher = self.publisher;
+        if tokio::time::timeout(timeout, &mut publisher).await.is_err() {
+            publisher.abort();
+        }
+        self.subscriber.abort();
+    }
+
+    /// Stops at once, without a word to the peers (they expire this sidecar).
+    pub fn abort(&self) {
+        self.publisher.abort();
+        self.subscriber.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests;

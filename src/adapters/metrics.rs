@@ -25,6 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::adapters::engine_metrics::metrics::EngineMetricsMetrics;
+use crate::adapters::fleet::metrics::FleetMetrics;
 use crate::adapters::ingest::MAX_CALLER_LABELS;
 use crate::adapters::kv_events::metrics::KvEventMetrics;
 use crate::adapters::policy_file::SourceStatus;
@@ -146,6 +147,7 @@ pub struct Metrics {
     kv_events: Arc<KvEventMetrics>,
     engine_metrics: Arc<EngineMetricsMetrics>,
     flow: Arc<flow::FlowMetrics>,
+    fleet: Arc<FleetMetrics>,
 }
 
 impl Metrics {
@@ -242,6 +244,8 @@ impl Metrics {
         engine_metrics.register(&mut registry);
         let flow = Arc::new(flow::FlowMetrics::default());
         flow.register(&mut registry);
+        let fleet = Arc::new(FleetMetrics::default());
+        fleet.register(&mut registry);
         registry.register_collector(Box::new(IndexCollector { router, policy }));
         // Every series exists from the start (rates start from a known zero), and
         // its handle is kept (a clone shares the value).
@@ -281,6 +285,7 @@ impl Metrics {
             kv_events,
             engine_metrics,
             flow,
+            fleet,
         }
     }
 
@@ -346,6 +351,11 @@ impl Metrics {
     /// Flow control's metrics.
     pub fn flow(&self) -> &Arc<flow::FlowMetrics> {
         &self.flow
+    }
+
+    /// Fleet sync's metrics and the fleet view's condition.
+    pub fn fleet(&self) -> &Arc<FleetMetrics> {
+        &self.fleet
     }
 
     /// The engine metrics scrapers' metrics.

@@ -21,6 +21,7 @@ pub mod decision;
 pub mod flow;
 pub mod index;
 pub mod load;
+pub mod peers;
 pub mod policy;
 pub mod router;
 pub mod scope;

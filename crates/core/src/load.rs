@@ -7,7 +7,9 @@
 //!  ReportStats / scrapes ──▶ engine queue, waiting, report epoch
 //!                        └──▶ fleet_routes.rs (other sidecars, first-token counts)
 //!                                  └──▶ recent_routes.rs (share bound, decayed)
-//!  peer sidecars' facts ──▶ peer_ledger.rs
+//!  peer sidecars' facts ──▶ peer_ledger.rs ──▶ peer in flight, peer tokens,
+//!                                                peer sent since report, share
+//!  own routes ──▶ shared_route.rs ──▶ the fleet publisher (peers' ledgers)
 //! ```
 //!
 //! Two sources, both kept in atomics so a decision reads no lock:
@@ -20,6 +22,10 @@
 //!   requests this sidecar sent since that report, ignored once older than the
 //!   policy's `statsMaxAge`.
 //!
+//! With fleet sync on, a third: the routes the other sidecars of the fleet
+//! published (`peer_ledger.rs`), counted next to this sidecar's own, so a
+//! decision sees the fleet's traffic at once, not a scrape later.
+//!
 //! This module knows nothing of the index: the index keeps one [`ReplicaLoad`]
 //! inline in each replica's event-path values, which it hands to each
 //! [`Inflight`] as a [`LoadCell`].
@@ -29,6 +35,7 @@ mod inflight;
 pub mod peer_ledger;
 mod prefills;
 mod recent_routes;
+mod shared_route;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -38,6 +45,7 @@ pub use inflight::{EVENT_FEED_LIVE, INFLIGHT_AGE_OUT, Inflight};
 pub use prefills::MAX_PREFILLS;
 pub(crate) use prefills::Prefills;
 pub use recent_routes::{HALF_LIFE, RecentRoutes};
+pub use shared_route::{RouteFacts, SharedRoute};
 
 /// What holds a replica's [`ReplicaLoad`] (the index's per-replica values keep
 /// it inline, so the decision's load rule reads it with no extra pointer to
@@ -72,6 +80,14 @@ pub struct ReplicaLoad {
     pub(crate) recent: RecentRoutes,
     /// What this sidecar sent here against what the engine shows started.
     pub(crate) fleet: FleetRoutes,
+    /// The fleet's other sidecars' routes here (fleet sync), as their ledger
+    /// totals: in flight, and the uncached tokens of those still prefilling.
+    peer_inflight: AtomicU64,
+    peer_tokens: AtomicU64,
+    /// Peers' routes here since the engine's last report. Not decremented on
+    /// release: a peer's request that ends before the next report still counts
+    /// until that report, at most one scrape interval of overcount.
+    peer_since_report: AtomicU64,
 }
 
 impl ReplicaLoad {
@@ -81,12 +97,22 @@ impl ReplicaLoad {
     /// report is younger than `max_age` ns. The report is the only thing that
     /// shows other sidecars' requests; adding our own since it keeps a sidecar
     /// from reading an engine it just filled as idle until the next scrape.
+    ///
+    /// With fleet sync, the peers' routes count as this sidecar's own: their
+    /// in-flight routes next to its in-flight count, their routes since the
+    /// report next to its own.
     pub fn current_load(&self, now: u64, max_age: u64) -> u64 {
-        let own = self.inflight.load(Ordering::Relaxed);
+        let own = self
+            .inflight
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_inflight.load(Ordering::Relaxed));
         if !self.report_is_fresh(now, max_age) {
             return own;
         }
-        let since = self.inflight_since_report.load(Ordering::Relaxed);
+        let since = self
+            .inflight_since_report
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_since_report.load(Ordering::Relaxed));
         own.max(
             self.engine_queue
                 .load(Ordering::Relaxed)
@@ -102,6 +128,40 @@ impl ReplicaLoad {
         self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
         self.report_epoch.fetch_add(1, Ordering::Relaxed);
         self.inflight_since_report.store(0, Ordering::Relaxed);
+        self.peer_since_report.store(0, Ordering::Relaxed);
+    }
+
+    /// The peers' routes in flight here and their prefill backlog (their
+    /// ledger's totals, replaced whole).
+    pub(crate) fn set_peer_load(&self, in_flight: u64, tokens: u64) {
+        self.peer_inflight.store(in_flight, Ordering::Relaxed);
+        self.peer_tokens.store(tokens, Ordering::Relaxed);
+    }
+
+    /// A peer routed a request here at `now` ns: it counts as sent since the
+    /// report, in the share bound, and as known traffic when the engine's
+    /// first-token count grows (so it is not counted a second time).
+    pub(crate) fn note_peer_routed(&self, now: u64) {
+        self.peer_since_report.fetch_add(1, Ordering::Relaxed);
+        if now > 0 {
+            self.recent.note(now);
+            self.fleet.note_sent();
+        }
+    }
+
+    /// The peers' routes in flight here (fleet sync).
+    pub fn peer_requests(&self) -> u64 {
+        self.peer_inflight.load(Ordering::Relaxed)
+    }
+
+    /// The uncached tokens of the peers' routes still prefilling here.
+    pub fn peer_tokens(&self) -> u64 {
+        self.peer_tokens.load(Ordering::Relaxed)
+    }
+
+    /// This sidecar's own prefill backlog here (without its peers').
+    pub fn own_inflight_tokens(&self) -> u64 {
+        self.inflight_tokens.load(Ordering::Relaxed)
     }
 
     /// When the engine's last queue report came, ns; 0 = never.
@@ -129,9 +189,12 @@ impl ReplicaLoad {
         self.inflight_since_report.load(Ordering::Relaxed)
     }
 
-    /// The uncached prompt tokens of those requests (the prefill backlog).
+    /// The uncached prompt tokens of those requests (the prefill backlog),
+    /// and of the peers' routes still prefilling here.
     pub fn inflight_tokens(&self) -> u64 {
-        self.inflight_tokens.load(Ordering::Relaxed)
+        self.inflight_tokens
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_tokens.load(Ordering::Relaxed))
     }
 
     /// The decayed count of requests routed here lately, at `now` ns.

@@ -19,6 +19,9 @@ use super::index::{
     TenantLimits,
 };
 use super::load::Inflight;
+use super::load::RouteFacts;
+use super::load::peer_ledger::{Message, Outcome};
+use super::peers::Fleet;
 use super::policy::EvictionAlgorithm;
 use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
 use super::snapshot::PolicySnapshot;
@@ -36,6 +39,8 @@ pub struct Router {
     over_cap: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Round-robin turn among equally loaded replicas of [`Router::fallback_in_fleet`].
     fleet_turn: AtomicUsize,
+    /// Fleet sync: the other sidecars' routes, and where this one's go.
+    fleet: OnceLock<Fleet>,
 }
 
 impl Router {
@@ -46,6 +51,7 @@ impl Router {
             control: Mutex::new(()),
             over_cap: OnceLock::new(),
             fleet_turn: AtomicUsize::new(0),
+            fleet: OnceLock::new(),
         };
         router.install(snapshot, now);
         router
@@ -161,6 +167,10 @@ impl Router {
             req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
         };
         let mut inflight = decision.admit_at(requested, now)?;
+        if let (Some(fleet), Some(replica)) = (self.fleet.get(), decision.pick_replica_id()) {
+            let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
+            inflight.share(fleet.share(scope, &replica, inflight.uncached_tokens()));
+        }
         if req.block_hashes.is_empty() || req.block_hashes.len() != req.block_token_counts.len() {
             return Some(inflight);
         }
@@ -203,6 +213,38 @@ impl Router {
             }
         }
         Some(inflight)
+    }
+
+    /// Fleet sync: this sidecar is `me` in its fleet; every request it admits
+    /// is published through `facts` (routed, prefill ended, released), and the
+    /// peers' facts given to [`Self::apply_peer`] count in the load signals next
+    /// to its own. Set once; `false` if already set.
+    pub fn join_fleet(&self, me: &str, facts: Arc<dyn RouteFacts>) -> bool {
+        self.fleet.set(Fleet::new(me, facts)).is_ok()
+    }
+
+    /// One peer's routing fact, received at `now` (see
+    /// [`crate::load::peer_ledger`]). `None` outside a fleet.
+    pub fn apply_peer(&self, msg: Message, now: Timestamp) -> Option<Outcome> {
+        Some(self.fleet.get()?.apply(&self.index, msg, now))
+    }
+
+    /// Drops the peers silent past the heartbeat timeout; returns how many.
+    pub fn expire_peers(&self, now: Timestamp) -> usize {
+        self.fleet.get().map_or(0, |f| f.expire(&self.index, now))
+    }
+
+    /// Drops every peer's routes (the fleet view is lost: they would only go
+    /// stale); peers are relearned from their next messages.
+    pub fn forget_peers(&self) {
+        if let Some(f) = self.fleet.get() {
+            f.forget(&self.index);
+        }
+    }
+
+    /// Peers currently known (0 outside a fleet).
+    pub fn fleet_peers(&self) -> usize {
+        self.fleet.get().map_or(0, Fleet::peers)
     }
 
     fn limits(snapshot: &PolicySnapshot, tenant: &str) -> TenantLimits {
@@ -384,6 +426,10 @@ impl Router {
         if self.index.over_cap() {
             self.index
                 .sweep_cap(&|t| snapshot.tenant(t).policy.eviction);
+        }
+        // A replica that appeared since the peers' last change gets their load.
+        if let Some(f) = self.fleet.get() {
+            f.rewrite(&self.index);
         }
     }
 

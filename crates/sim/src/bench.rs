@@ -103,6 +103,10 @@ pub struct BenchArgs {
     /// file per workload and router: `trace-WORKLOAD-ROUTER.jsonl` in `--out`.
     #[arg(long)]
     pub trace: bool,
+    /// Fleet sync: start a nats-server and run every sidecar with
+    /// `--fleet-nats`, so the sidecars share their routes as they happen.
+    #[arg(long)]
+    pub fleet_nats: bool,
 }
 
 const BLOCK_SIZE: u32 = 16;
@@ -214,6 +218,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             format!("{what}-{i}.log")
         }
     };
+    let mut nats = match args.fleet_nats {
+        true => Some(fleet_nats::FleetNats::start(&args.out).await?),
+        false => None,
+    };
     let mut sidecars = Vec::new();
     for i in 0..args.sidecars {
         // A port drawn free can be taken by another process before the sidecar
@@ -236,7 +244,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                     ingest.to_string(),
                     "--admin-addr".into(),
                     admin.to_string(),
-                ],
+                ]
+                .into_iter()
+                .chain(nats.iter().flat_map(|n| n.sidecar_args(i)))
+                .collect::<Vec<_>>(),
                 log.clone(),
             )?;
             let admin_url = format!("http://{admin}");
@@ -345,6 +356,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     // ZMQ subscriptions reach the publisher asynchronously after the connect.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let admin_urls: Vec<String> = sidecars.iter().map(|s| s.admin_url.clone()).collect();
+    if let Some(n) = &mut nats {
+        n.wait_synced(&http, &admin_urls).await?;
+    }
 
     let refs: Vec<EngineRef> = engines
         .iter()
@@ -386,6 +400,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let mut runs = Vec::new();
         for &router in &routers {
             reset(&http, &refs, &admin_urls, subscribers).await?;
+            let wire_before = fleet_nats::published(&http, &admin_urls).await;
             let urls: &[String] = listeners
                 .iter()
                 .find(|(r, _)| *r == router)
@@ -405,6 +420,21 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             }
             for e in &mut envoys {
                 e.check_running()?;
+            }
+            if let Some(n) = &mut nats {
+                n.check_running()?;
+                let after = fleet_nats::published(&http, &admin_urls).await;
+                let requests = outcome.samples.len().max(1) as f64;
+                let line = format!(
+                    "fleet sync ({}): {:.1} messages and {:.0} bytes published per request \
+                     ({:.0} bytes per message, heartbeats included)\n\n",
+                    router.name(),
+                    (after.0 - wire_before.0) / requests,
+                    (after.1 - wire_before.1) / requests,
+                    (after.1 - wire_before.1) / (after.0 - wire_before.0).max(1.0),
+                );
+                eprint!("{line}");
+                report.push_str(&line);
             }
             let stats = engine_stats(&http, &refs, &engines).await;
             let summary = RunSummary::of(workload.name(), router, &ids, &outcome, stats);
@@ -753,6 +783,11 @@ fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
             args.sidecars
         )
     };
+    let sidecars = if args.fleet_nats {
+        format!("{sidecars}, fleet sync over NATS")
+    } else {
+        sidecars
+    };
     if engines.iter().all(|e| e.simulated) {
         let costs = match args.costs.batch() {
             Some(b) => format!(
@@ -804,6 +839,8 @@ fn sidecar_binary(explicit: Option<&std::path::Path>) -> anyhow::Result<PathBuf>
     }
     Ok(beside)
 }
+
+mod fleet_nats;
 
 #[cfg(test)]
 mod tests;

@@ -12,12 +12,14 @@
 use serde::{Deserialize, Serialize};
 
 use crate::core::load::peer_ledger::{Fact, Message};
+use crate::core::scope::ScopeRef;
 
 /// The format version this sidecar writes and reads.
 pub const VERSION: u32 = 1;
 /// The largest message accepted.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
-/// The longest peer or replica id accepted (a DNS name's limit).
+/// The longest peer, replica, tenant, model or hash scheme id accepted (a DNS
+/// name's limit).
 pub const MAX_ID_BYTES: usize = 253;
 
 /// Why a message was refused.
@@ -56,6 +58,8 @@ struct Envelope {
 enum WireFact {
     Routed {
         route: u64,
+        /// tenant, model, hash scheme.
+        scope: [String; 3],
         replica: String,
         uncached_tokens: u64,
     },
@@ -81,10 +85,16 @@ pub fn encode(msg: &Message) -> Vec<u8> {
     let fact = match &msg.fact {
         Fact::Routed {
             route,
+            scope,
             replica,
             uncached_tokens,
         } => WireFact::Routed {
             route: *route,
+            scope: [
+                scope.tenant.to_string(),
+                scope.model.to_string(),
+                scope.hash_scheme.to_string(),
+            ],
             replica: replica.clone(),
             uncached_tokens: *uncached_tokens,
         },
@@ -117,12 +127,16 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
     let fact = match e.fact {
         WireFact::Routed {
             route,
+            scope: [tenant, model, hash_scheme],
             replica,
             uncached_tokens,
         } => {
-            check_id(&replica)?;
+            for id in [&tenant, &model, &hash_scheme, &replica] {
+                check_id(id)?;
+            }
             Fact::Routed {
                 route,
+                scope: ScopeRef::new(&tenant, &model, &hash_scheme).to_owned(),
                 replica,
                 uncached_tokens,
             }

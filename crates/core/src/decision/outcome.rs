@@ -206,6 +206,12 @@ impl Decision {
             .map_or(0, |r| r.live.last_event_at())
     }
 
+    /// The picked replica's id.
+    pub(crate) fn pick_replica_id(&self) -> Option<Arc<str>> {
+        let row = self.rows.first()?;
+        Some(self.replicas.as_deref()?.get(row.slot)?.id.clone())
+    }
+
     /// The picked replica's slot in its scope's table.
     pub(crate) fn pick_slot(&self) -> Option<u32> {
         self.rows.first().map(|r| r.slot)

@@ -31,6 +31,7 @@ use crate::time::Timestamp;
 
 mod classify;
 mod fallback;
+mod fleet;
 mod gates;
 mod identity;
 mod lfu;

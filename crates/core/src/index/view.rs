@@ -26,6 +26,11 @@ pub struct ReplicaView {
     /// uncached prompt tokens (the load rule's own signal).
     pub inflight_requests: u64,
     pub inflight_tokens: u64,
+    /// With fleet sync: the other sidecars' routes in flight here, and the
+    /// uncached tokens of those still prefilling (the load rule adds them to
+    /// this sidecar's own).
+    pub peer_inflight_requests: u64,
+    pub peer_inflight_tokens: u64,
     /// Requests routed here lately (this sidecar's, and other sidecars' as the
     /// engine's scrapes show them), a count halving every 10 s (the load rule's
     /// share bound reads it).
@@ -158,7 +163,9 @@ impl super::Index {
                         last_event_at: (last > 0).then_some(Timestamp(last)),
                         stats: *r.live.stats.lock(),
                         inflight_requests: r.live.load.inflight_requests(),
-                        inflight_tokens: r.live.load.inflight_tokens(),
+                        inflight_tokens: r.live.load.own_inflight_tokens(),
+                        peer_inflight_requests: r.live.load.peer_requests(),
+                        peer_inflight_tokens: r.live.load.peer_tokens(),
                         recent_requests: r.live.load.recent_requests(now),
                     });
                 }

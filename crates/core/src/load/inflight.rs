@@ -11,11 +11,11 @@
 //! else when the adapter drops its [`Inflight`] (response headers, stream end,
 //! or its age-out timer).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::{LoadCell, ReplicaLoad};
+use super::{LoadCell, ReplicaLoad, SharedRoute};
 use crate::time::Timestamp;
 
 /// How long a routed request may count as in flight with no sign of its end (no
@@ -45,6 +45,8 @@ pub struct Inflight {
     /// The count is no longer this guard's (its prefill ticket carries it, or it
     /// had no prefill to wait for): dropping this does nothing.
     handed_over: bool,
+    /// The route as this sidecar's fleet sees it (fleet sync on).
+    shared: Option<Arc<SharedRoute>>,
 }
 
 /// The uncached prompt tokens one routed request brought to its replica, let go
@@ -59,6 +61,9 @@ pub(crate) struct Prefill {
     /// Set before the ticket is shared (so no event can release it first).
     request: AtomicBool,
     admitted_at: Timestamp,
+    /// The route as the fleet sees it: its prefill end (or release, when this
+    /// carries the request) is published with it.
+    shared: OnceLock<Arc<SharedRoute>>,
 }
 
 impl Prefill {
@@ -75,6 +80,13 @@ impl Prefill {
         let carried = self.request.swap(false, Ordering::Relaxed);
         if carried {
             saturating_sub(&self.cell.load().inflight, 1);
+        }
+        if let Some(shared) = self.shared.get() {
+            if carried {
+                shared.released();
+            } else if n > 0 {
+                shared.prefill_ended();
+            }
         }
         carried
     }
@@ -130,6 +142,7 @@ impl Inflight {
                 tokens: AtomicU64::new(uncached_tokens),
                 request: AtomicBool::new(false),
                 admitted_at: now,
+                shared: OnceLock::new(),
             })
         });
         Self {
@@ -138,7 +151,17 @@ impl Inflight {
             tokens: uncached_tokens,
             epoch,
             handed_over: false,
+            shared: None,
         }
+    }
+
+    /// Publishes this route's facts through `shared` from here on (set once,
+    /// right after [`Self::begin`], before the prefill ticket is shared).
+    pub(crate) fn share(&mut self, shared: Arc<SharedRoute>) {
+        if let Some(p) = &self.prefill {
+            let _ = p.shared.set(shared.clone());
+        }
+        self.shared = Some(shared);
     }
 
     /// Whether the request is let go by the engine's event that stores its last
@@ -170,6 +193,9 @@ impl Inflight {
         if self.prefill.is_none() && !self.handed_over {
             saturating_sub(&self.cell.load().inflight, 1);
             self.handed_over = true;
+            if let Some(shared) = &self.shared {
+                shared.released();
+            }
         }
     }
 
@@ -219,6 +245,9 @@ impl Drop for Inflight {
             return;
         }
         release_request(self.cell.load(), self.epoch);
+        if let Some(shared) = &self.shared {
+            shared.released();
+        }
         if let Some(p) = &self.prefill {
             p.release();
         }

@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::scope::{ScopeKey, ScopeRef};
 use crate::time::Timestamp;
 
 /// How often a sidecar with nothing else to say publishes a heartbeat.
@@ -38,10 +39,11 @@ pub const MAX_IN_FLIGHT_PER_PEER: usize = 65_536;
 /// One routing fact a sidecar publishes about its own routes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fact {
-    /// A request routed to `replica`.
+    /// A request of `scope` routed to `replica`.
     Routed {
         /// The publisher's id for this route, unique within its epoch.
         route: u64,
+        scope: ScopeKey,
         replica: String,
         /// Tokens the replica has to prefill for it (not cached there).
         uncached_tokens: u64,
@@ -115,9 +117,12 @@ pub struct PeerLoad {
     pub prefill_tokens: u64,
 }
 
+/// A replica of a scope: where the peers' totals are kept.
+type ReplicaKey = (ScopeKey, String);
+
 #[derive(Debug)]
 struct Route {
-    replica: String,
+    replica: ReplicaKey,
     /// Zero once the prefill ended.
     prefill_tokens: u64,
 }
@@ -136,7 +141,7 @@ struct Peer {
 pub struct PeerLedger {
     me: String,
     peers: HashMap<String, Peer>,
-    totals: HashMap<String, PeerLoad>,
+    totals: HashMap<ReplicaKey, PeerLoad>,
 }
 
 impl PeerLedger {
@@ -183,9 +188,11 @@ impl PeerLedger {
         let rejected = match msg.fact {
             Fact::Routed {
                 route,
+                scope,
                 replica,
                 uncached_tokens,
             } => {
+                let replica = (scope, replica);
                 if peer.routes.contains_key(&route) {
                     Some(Rejection::DuplicateRoute)
                 } else if peer.routes.len() >= MAX_IN_FLIGHT_PER_PEER {
@@ -255,9 +262,19 @@ impl PeerLedger {
         self.totals.clear();
     }
 
-    /// The peers' load on `replica`.
-    pub fn load(&self, replica: &str) -> PeerLoad {
-        self.totals.get(replica).copied().unwrap_or_default()
+    /// The peers' load on `replica` of `scope`.
+    pub fn load(&self, scope: ScopeRef<'_>, replica: &str) -> PeerLoad {
+        self.totals
+            .get(&(scope.to_owned(), replica.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every replica the peers hold routes on, with their load there.
+    pub fn totals(&self) -> impl Iterator<Item = (&ScopeKey, &str, PeerLoad)> {
+        self.totals
+            .iter()
+            .map(|((scope, replica), load)| (scope, replica.as_str(), *load))
     }
 
     /// Peers currently known.
@@ -279,7 +296,12 @@ impl PeerLedger {
     }
 }
 
-fn subtract(totals: &mut HashMap<String, PeerLoad>, replica: &str, routes: u64, tokens: u64) {
+fn subtract(
+    totals: &mut HashMap<ReplicaKey, PeerLoad>,
+    replica: &ReplicaKey,
+    routes: u64,
+    tokens: u64,
+) {
     if let Some(t) = totals.get_mut(replica) {
         t.in_flight = t.in_flight.saturating_sub(routes);
         t.prefill_tokens = t.prefill_tokens.saturating_sub(tokens);

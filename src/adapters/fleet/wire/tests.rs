@@ -1,4 +1,5 @@
 use super::*;
+use crate::core::scope::ScopeRef;
 
 fn routed() -> Message {
     Message {
@@ -7,6 +8,7 @@ fn routed() -> Message {
         seq: 42,
         fact: Fact::Routed {
             route: 9,
+            scope: ScopeRef::new("acme", "llama", "vllm-sha256-cbor").to_owned(),
             replica: "10.0.0.7:8000".into(),
             uncached_tokens: 1536,
         },
@@ -48,7 +50,7 @@ fn another_version_is_foreign_not_garbage() {
 
 #[test]
 fn garbage_is_malformed() {
-    let cases: [&[u8]; 8] = [
+    let cases: [&[u8]; 10] = [
         b"",
         b"\xff\xfe",
         b"null",
@@ -56,7 +58,9 @@ fn garbage_is_malformed() {
         br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"exploded"}}"#,
         br#"{"v":1,"peer":"a","epoch":-1,"seq":1,"fact":{"t":"heartbeat"}}"#,
         br#"{"v":1,"peer":"","epoch":1,"seq":1,"fact":{"t":"heartbeat"}}"#,
-        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"replica":"","uncached_tokens":0}}"#,
+        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","m","s"],"replica":"","uncached_tokens":0}}"#,
+        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","","s"],"replica":"r","uncached_tokens":0}}"#,
+        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","m"],"replica":"r","uncached_tokens":0}}"#,
     ];
     for bytes in cases {
         assert_eq!(

@@ -66,6 +66,8 @@ fn replica(
         stats: st,
         inflight_requests: 0,
         inflight_tokens: 0,
+        peer_inflight_requests: 0,
+        peer_inflight_tokens: 0,
         recent_requests: 0.0,
     }
 }

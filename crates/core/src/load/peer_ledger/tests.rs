@@ -13,9 +13,14 @@ fn msg(peer: &str, epoch: u64, seq: u64, fact: Fact) -> Message {
     }
 }
 
+fn scope() -> ScopeRef<'static> {
+    ScopeRef::new("acme", "llama", "vllm-v1")
+}
+
 fn routed(route: u64, replica: &str, tokens: u64) -> Fact {
     Fact::Routed {
         route,
+        scope: scope().to_owned(),
         replica: replica.into(),
         uncached_tokens: tokens,
     }
@@ -39,23 +44,23 @@ fn routed_prefill_end_and_release_move_the_totals() {
         l.apply(msg("b", 1, 2, routed(8, "r1", 100)), at(1)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), load(2, 400));
+    assert_eq!(l.load(scope(), "r1"), load(2, 400));
     assert_eq!(
         l.apply(msg("b", 1, 3, Fact::PrefillEnded { route: 7 }), at(2)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), load(2, 100));
+    assert_eq!(l.load(scope(), "r1"), load(2, 100));
     assert_eq!(
         l.apply(msg("b", 1, 4, Fact::Released { route: 7 }), at(3)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), load(1, 100));
+    assert_eq!(l.load(scope(), "r1"), load(1, 100));
     assert_eq!(
         l.apply(msg("b", 1, 5, Fact::Released { route: 8 }), at(4)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), PeerLoad::default());
-    assert_eq!(l.load("r2"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r2"), PeerLoad::default());
 }
 
 #[test]
@@ -65,7 +70,7 @@ fn own_echo_changes_nothing() {
         l.apply(msg("me", 1, 1, routed(1, "r1", 10)), at(0)),
         Outcome::Rejected(Rejection::Own)
     );
-    assert_eq!(l.load("r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
     assert_eq!(l.peers(), 0);
 }
 
@@ -83,7 +88,7 @@ fn duplicate_and_reordered_late_messages_are_dropped() {
         l.apply(msg("b", 1, 1, Fact::Released { route: 1 }), at(1)),
         Outcome::Rejected(Rejection::StaleSeq)
     );
-    assert_eq!(l.load("r1"), load(2, 20));
+    assert_eq!(l.load(scope(), "r1"), load(2, 20));
 }
 
 #[test]
@@ -96,8 +101,8 @@ fn a_gap_drops_the_peer_contributions_and_counts_again_from_there() {
         l.apply(msg("b", 1, 4, routed(3, "r2", 5)), at(1)),
         Outcome::AppliedAfterGap
     );
-    assert_eq!(l.load("r1"), PeerLoad::default());
-    assert_eq!(l.load("r2"), load(1, 5));
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r2"), load(1, 5));
     // A release of a route dropped at the gap is refused, but the order goes on.
     assert_eq!(
         l.apply(msg("b", 1, 5, Fact::Released { route: 2 }), at(2)),
@@ -107,7 +112,7 @@ fn a_gap_drops_the_peer_contributions_and_counts_again_from_there() {
         l.apply(msg("b", 1, 6, Fact::Heartbeat), at(2)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r2"), load(1, 5));
+    assert_eq!(l.load(scope(), "r2"), load(1, 5));
 }
 
 #[test]
@@ -116,7 +121,7 @@ fn a_gap_at_one_peer_leaves_the_others_alone() {
     l.apply(msg("b", 1, 1, routed(1, "r1", 10)), at(0));
     l.apply(msg("c", 9, 40, routed(1, "r1", 7)), at(0));
     l.apply(msg("b", 1, 3, Fact::Heartbeat), at(1));
-    assert_eq!(l.load("r1"), load(1, 7));
+    assert_eq!(l.load(scope(), "r1"), load(1, 7));
 }
 
 #[test]
@@ -132,7 +137,7 @@ fn a_silent_peer_expires_after_the_heartbeat_timeout_only() {
         "exactly at the timeout is not past it"
     );
     assert_eq!(l.expire(at(timeout + 1)), 1);
-    assert_eq!(l.load("r1"), load(1, 10), "c heartbeat kept it");
+    assert_eq!(l.load(scope(), "r1"), load(1, 10), "c heartbeat kept it");
     assert_eq!(l.peers(), 1);
     assert!(HEARTBEAT_TIMEOUT <= Duration::from_secs(3));
     assert!(HEARTBEAT_INTERVAL * 3 <= HEARTBEAT_TIMEOUT);
@@ -147,8 +152,8 @@ fn a_clean_leave_releases_everything_at_once() {
         l.apply(msg("b", 1, 3, Fact::Leave), at(1)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), PeerLoad::default());
-    assert_eq!(l.load("r2"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r2"), PeerLoad::default());
     assert_eq!(l.peers(), 0);
 }
 
@@ -161,14 +166,14 @@ fn a_newer_epoch_replaces_the_peer_and_an_older_one_is_refused() {
         l.apply(msg("b", 6, 1, routed(1, "r2", 3)), at(1)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), PeerLoad::default());
-    assert_eq!(l.load("r2"), load(1, 3));
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r2"), load(1, 3));
     // A message of the old run (or a forger replaying one) changes nothing.
     assert_eq!(
         l.apply(msg("b", 5, 101, Fact::Leave), at(2)),
         Outcome::Rejected(Rejection::StaleEpoch)
     );
-    assert_eq!(l.load("r2"), load(1, 3));
+    assert_eq!(l.load(scope(), "r2"), load(1, 3));
 }
 
 #[test]
@@ -179,7 +184,7 @@ fn a_duplicate_route_id_is_refused_without_double_counting() {
         l.apply(msg("b", 1, 2, routed(1, "r1", 10)), at(0)),
         Outcome::Rejected(Rejection::DuplicateRoute)
     );
-    assert_eq!(l.load("r1"), load(1, 10));
+    assert_eq!(l.load(scope(), "r1"), load(1, 10));
     // The refused message still advanced the order: no gap next.
     assert_eq!(
         l.apply(msg("b", 1, 3, Fact::Heartbeat), at(0)),
@@ -198,7 +203,7 @@ fn a_peer_holds_a_bounded_number_of_routes() {
         l.apply(msg("b", 1, n + 1, routed(n, "r1", 0)), at(0)),
         Outcome::Rejected(Rejection::Full)
     );
-    assert_eq!(l.load("r1").in_flight, n);
+    assert_eq!(l.load(scope(), "r1").in_flight, n);
 }
 
 #[test]
@@ -206,13 +211,13 @@ fn clear_forgets_every_peer() {
     let mut l = PeerLedger::new("me");
     l.apply(msg("b", 1, 1, routed(1, "r1", 10)), at(0));
     l.clear();
-    assert_eq!(l.load("r1"), PeerLoad::default());
+    assert_eq!(l.load(scope(), "r1"), PeerLoad::default());
     // The peer is relearned from whatever sequence it sends next.
     assert_eq!(
         l.apply(msg("b", 1, 50, routed(2, "r1", 1)), at(1)),
         Outcome::Applied
     );
-    assert_eq!(l.load("r1"), load(1, 1));
+    assert_eq!(l.load(scope(), "r1"), load(1, 1));
 }
 
 mod random {
@@ -245,14 +250,41 @@ mod random {
                 for replica in ["r1", "r2"] {
                     let mut want = PeerLoad::default();
                     for p in l.peers.values() {
-                        for r in p.routes.values().filter(|r| r.replica == replica) {
+                        for r in p.routes.values().filter(|r| r.replica.1 == replica) {
                             want.in_flight += 1;
                             want.prefill_tokens += r.prefill_tokens;
                         }
                     }
-                    prop_assert_eq!(l.load(replica), want);
+                    prop_assert_eq!(l.load(scope(), replica), want);
                 }
             }
         }
     }
+}
+
+#[test]
+fn scopes_are_kept_apart() {
+    let mut l = PeerLedger::new("me");
+    let other = ScopeRef::new("globex", "llama", "vllm-v1");
+    l.apply(msg("b", 1, 1, routed(1, "r1", 10)), at(0));
+    l.apply(
+        msg(
+            "b",
+            1,
+            2,
+            Fact::Routed {
+                route: 2,
+                scope: other.to_owned(),
+                replica: "r1".into(),
+                uncached_tokens: 5,
+            },
+        ),
+        at(0),
+    );
+    assert_eq!(l.load(scope(), "r1"), load(1, 10));
+    assert_eq!(l.load(other, "r1"), load(1, 5));
+    assert_eq!(l.totals().count(), 2);
+    l.apply(msg("b", 1, 3, Fact::Released { route: 2 }), at(0));
+    assert_eq!(l.load(other, "r1"), PeerLoad::default());
+    assert_eq!(l.totals().count(), 1);
 }
