@@ -14,6 +14,11 @@ use crate::engine::BatchCosts;
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 
+/// Each tenant index's `CacheTenant.spec.weight` when a run has several tenants
+/// (all in `isolationMode: Fairness`): tenants 0 and 1 weigh the same, tenant 2
+/// three times as much (the weighted flood's 1:3 pair is tenants 0 and 2).
+pub const TENANT_WEIGHTS: [u32; 3] = [1, 1, 3];
+
 /// Token ids are drawn from a Llama-3-sized vocabulary.
 const VOCAB: u32 = 128_000;
 
@@ -26,6 +31,11 @@ pub struct Request {
     pub max_tokens: u32,
     /// The prefix family it belongs to (group, session or document), for reports.
     pub family: u32,
+    /// Which of the workload's tenants sends it (0: the only one of a
+    /// single-tenant workload); see [`TENANT_WEIGHTS`].
+    pub tenant: u8,
+    /// Its `x-inferencecache-priority` (0: the header is not sent).
+    pub priority: i32,
 }
 
 /// The routing benchmark's workload shapes (docs/benchmarks.md).
@@ -117,6 +127,12 @@ impl Workload {
                 Self::NAMES.join(", ")
             ),
         })
+    }
+
+    /// How many tenant indices its requests use (0..n), so the benchmark declares
+    /// a namespace for each.
+    pub fn tenants(&self) -> u8 {
+        1
     }
 
     pub fn name(&self) -> &'static str {
@@ -264,6 +280,8 @@ impl Workload {
                             prompt,
                             max_tokens: output_tokens,
                             family: g,
+                            tenant: 0,
+                            priority: 0,
                         }
                     })
                     .collect()
@@ -290,6 +308,8 @@ impl Workload {
                             prompt: history.clone(),
                             max_tokens: reply_tokens,
                             family: s,
+                            tenant: 0,
+                            priority: 0,
                         });
                     }
                 }
@@ -321,6 +341,8 @@ impl Workload {
                             prompt,
                             max_tokens: output_tokens,
                             family: d,
+                            tenant: 0,
+                            priority: 0,
                         }
                     })
                     .collect()
@@ -371,6 +393,22 @@ impl Fleet {
             .sum::<f64>()
             / n;
         (self.engines * self.max_running) as f64 / (mean_us.max(1.0) / 1e6)
+    }
+}
+
+impl Fleet {
+    /// The mean time to first token of `requests` on an idle engine with nothing
+    /// cached (each alone: its whole prompt prefilled, nothing else in the batch), ms.
+    pub fn solo_ttft_ms(&self, requests: &[Request]) -> f64 {
+        let n = requests.len().max(1) as f64;
+        requests
+            .iter()
+            .map(|r| match &self.batch {
+                Some(b) => b.predict_ttft_us(0, r.prompt.len(), 0) / 1e3,
+                None => r.prompt.len() as f64 * self.prefill_us_per_token / 1e3,
+            })
+            .sum::<f64>()
+            / n
     }
 }
 

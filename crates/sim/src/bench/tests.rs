@@ -33,6 +33,9 @@ fn a_trace_is_one_json_line_per_request_in_arrival_order() {
         spilled_from: spilled_from.map(str::to_string),
         spilled_by: spilled_from.map(|_| "share".to_string()),
         family: 3,
+        tenant: 0,
+        priority: 0,
+        queued_ms: 0.0,
     };
     let dir = std::env::temp_dir().join(format!("ic-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -73,7 +76,7 @@ fn the_policy_file_names_every_engine_and_parses() {
             simulated: true,
         },
     ];
-    let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None, None, None).unwrap();
+    let yaml = policy_yaml(&engines, &tenants(&Router::ALL), 1, None, None, None).unwrap();
     let source = inferencecache::adapters::policy_file::Source {
         path: "policy.yaml".into(),
         text: yaml.clone(),
@@ -103,7 +106,7 @@ fn the_policy_file_names_every_engine_and_parses() {
 
     // `--scrape-interval` sets every backend's `spec.metrics.interval`.
     let tenants = tenants(&Router::ALL);
-    let yaml = policy_yaml(&engines, &tenants, None, None, Some("250ms")).unwrap();
+    let yaml = policy_yaml(&engines, &tenants, 1, None, None, Some("250ms")).unwrap();
     let source = inferencecache::adapters::policy_file::Source {
         path: "policy.yaml".into(),
         text: yaml.clone(),
