@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// (capacity.md, capacity.json and capacity.svg in `--out`).
     #[arg(long, value_name = "LOADS", value_delimiter = ',')]
     pub sweep: Vec<f64>,
+    /// The `inferencecache-flow` row's `spec.flowControl.maxQueueWait` (a Go
+    /// duration); without it the server's default (1s).
+    #[arg(long, value_name = "DURATION")]
+    pub flow_max_queue_wait: Option<String>,
     /// Where results.md, results.json and chart.svg (and the logs) go.
     #[arg(long, default_value = "target/bench-routing")]
     pub out: PathBuf,
@@ -123,8 +127,17 @@ pub const TUNED_POLICY_SPEC: &str =
     "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
 
 /// The `inferencecache-flow` row's CachePolicy spec: the default policy with flow
-/// control on at its defaults (hold up to 1 s, up to 1024 requests).
-pub const FLOW_POLICY_SPEC: &str = "{ flowControl: { enabled: true } }";
+/// control on, at its defaults (hold up to 1 s, up to 1024 requests) unless
+/// `max_queue_wait` is given.
+pub fn flow_policy_spec(max_queue_wait: Option<&str>) -> String {
+    match max_queue_wait {
+        Some(wait) => format!(
+            "{{ flowControl: {{ enabled: true, maxQueueWait: {} }} }}",
+            json!(wait)
+        ),
+        None => "{ flowControl: { enabled: true } }".to_string(),
+    }
+}
 
 /// One running sidecar.
 struct Sidecar {
@@ -201,7 +214,23 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--tokenizer starts the simulated engines with it; external engines bring their own");
     }
 
-    let (engines, _handles) = start_engines(&args).await?;
+    let mixed = workloads.iter().any(Workload::mixed_fleet);
+    if mixed && !workloads.iter().all(Workload::mixed_fleet) {
+        bail!("mixed-fleet runs on engines of its own: run it alone (--workload mixed-fleet)");
+    }
+    if mixed && !args.external.is_empty() {
+        bail!("mixed-fleet starts simulated engines of two kinds; it cannot use --engine");
+    }
+    let (engines, _handles) = start_engines(&args, mixed).await?;
+    let fleet = Fleet {
+        engines: engines.len(),
+        max_running: args.costs.max_running(),
+        prefill_us_per_token: args.costs.prefill_us_per_token,
+        decode_us_per_token: args.costs.decode_us_per_token,
+        batch: args.costs.batch(),
+        mixed,
+    };
+    let engine_costs: Vec<_> = (0..engines.len()).map(|i| fleet.engine(i).batch).collect();
     if routers.iter().any(|r| r.is_oracle()) && engines.iter().any(|e| !e.simulated) {
         bail!("the oracles need simulated engines (drop --router oracle and oracle-load)");
     }
@@ -221,6 +250,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             &engines,
             &tenants,
             tenant_count,
+            &flow_policy_spec(args.flow_max_queue_wait.as_deref()),
             args.cache_policy.as_ref(),
             args.tokenizer.as_deref(),
             args.scrape_interval.as_deref(),
@@ -381,13 +411,6 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     for workload in &workloads {
         let mut sweep_runs = Vec::new();
         for &load in &loads {
-            let fleet = Fleet {
-                engines: engines.len(),
-                max_running: args.costs.max_running(),
-                prefill_us_per_token: args.costs.prefill_us_per_token,
-                decode_us_per_token: args.costs.decode_us_per_token,
-                batch: args.costs.batch(),
-            };
             let schedule = workload.generate(args.seed, &fleet, load);
             let offered = Offered {
                 load,
@@ -425,7 +448,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                     urls,
                     &refs,
                     prepared.clone(),
-                    args.costs.batch(),
+                    &engine_costs,
                     tenant_header,
                 )
                 .await?;
@@ -574,7 +597,12 @@ fn write_capacity(
     Ok(())
 }
 
-async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<EngineHandle>)> {
+/// The simulated engines (or the external ones); with `mixed`, of two kinds
+/// ([`Fleet::engine`]), the default engines otherwise.
+async fn start_engines(
+    args: &BenchArgs,
+    mixed: bool,
+) -> anyhow::Result<(Vec<Engine>, Vec<EngineHandle>)> {
     if !args.external.is_empty() {
         let engines = args
             .external
@@ -588,16 +616,25 @@ async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<Eng
     }
     let mut engines = Vec::new();
     let mut handles = Vec::new();
+    let fleet = Fleet {
+        engines: args.engines,
+        max_running: args.costs.max_running(),
+        prefill_us_per_token: args.costs.prefill_us_per_token,
+        decode_us_per_token: args.costs.decode_us_per_token,
+        batch: args.costs.batch(),
+        mixed,
+    };
     for i in 0..args.engines {
+        let costs = fleet.engine(i);
         let config = EngineConfig {
             id: format!("engine-{i}"),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             block_size: BLOCK_SIZE,
             capacity_blocks: args.costs.capacity_blocks,
-            max_running: args.costs.max_running(),
-            prefill_us_per_token: args.costs.prefill_us_per_token,
+            max_running: costs.max_running,
+            prefill_us_per_token: costs.prefill_us_per_token,
             decode_us_per_token: args.costs.decode_us_per_token,
-            batch: args.costs.batch(),
+            batch: costs.batch,
             model_name: MODEL.to_string(),
             tokenizer: args.tokenizer.clone(),
             ..EngineConfig::default()
@@ -671,6 +708,7 @@ fn policy_yaml(
     engines: &[Engine],
     tenants: &[Router],
     tenant_count: u8,
+    flow_spec: &str,
     cache_policy: Option<&PathBuf>,
     tokenizer: Option<&std::path::Path>,
     scrape_interval: Option<&str>,
@@ -747,7 +785,7 @@ spec:
 kind: CachePolicy
 metadata: {{ name: default, namespace: {ns} }}
 spec:
-  {FLOW_POLICY_SPEC}
+  {flow_spec}
 ---"
                 );
             }

@@ -180,9 +180,10 @@ pub async fn run(
     listeners: &[String],
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
-    costs: Option<BatchCosts>,
+    costs: &[Option<BatchCosts>],
     tenant_header: bool,
 ) -> anyhow::Result<Outcome> {
+    let costs: Arc<Vec<Option<BatchCosts>>> = Arc::new(costs.to_vec());
     if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
     }
@@ -210,13 +211,14 @@ pub async fn run(
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for i in 0..schedule.len() {
-        let (http, schedule, engines, by_addr, listeners, ledger) = (
+        let (http, schedule, engines, by_addr, listeners, ledger, costs) = (
             http.clone(),
             schedule.clone(),
             engines.clone(),
             by_addr.clone(),
             listeners.clone(),
             ledger.clone(),
+            costs.clone(),
         );
         tasks.spawn(async move {
             let p = &schedule[i];
@@ -224,7 +226,7 @@ pub async fn run(
             let url = if router.is_oracle() {
                 format!(
                     "{}/v1/completions",
-                    oracle_pick(&http, &engines, p, router, &ledger, costs, cap).await?
+                    oracle_pick(&http, &engines, p, router, &ledger, &costs, cap).await?
                 )
             } else {
                 listeners[i % listeners.len()].clone()
@@ -446,7 +448,7 @@ async fn oracle_pick(
     p: &Prepared,
     router: Router,
     ledger: &tokio::sync::Mutex<Ledger>,
-    costs: Option<BatchCosts>,
+    costs: &[Option<BatchCosts>],
     cap: Option<u64>,
 ) -> anyhow::Result<String> {
     let mut ledger = ledger.lock().await;
@@ -487,7 +489,7 @@ async fn oracle_pick(
         .map(|(e, &(mut view, (pending, decoding, received)))| {
             let transit = ledger.in_transit(e, received);
             view.full = cap.is_some_and(|cap| ledger.routed(e) >= cap);
-            if let Some(c) = &costs {
+            if let Some(c) = costs.get(e).copied().flatten() {
                 let uncached = prompt_len.saturating_sub(view.cached);
                 view.predicted_ttft_ms = c.predict_ttft_us(
                     (pending + transit) as usize,

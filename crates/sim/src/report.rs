@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::drive::Outcome;
 use super::router::Router;
+use super::workload::BURST_FAMILY;
 
 /// One router on one workload.
 #[derive(Clone, Debug, Serialize)]
@@ -64,6 +65,8 @@ pub struct RunSummary {
     pub good: usize,
     /// The same accounting per (tenant, priority) present in the run.
     pub classes: Vec<ClassSummary>,
+    /// The burst workload's burst requests' TTFT p90, ms (`None` without a burst).
+    pub burst_ttft_p90_ms: Option<f64>,
 }
 
 /// One (tenant, priority) class of a run's requests.
@@ -188,6 +191,15 @@ impl RunSummary {
             goodput_rps: 0.0,
             good: 0,
             classes: Vec::new(),
+            burst_ttft_p90_ms: {
+                let mut burst: Vec<f64> = s
+                    .iter()
+                    .filter(|x| x.family == BURST_FAMILY)
+                    .map(|x| x.ttft_ms)
+                    .collect();
+                burst.sort_by(f64::total_cmp);
+                (!burst.is_empty()).then(|| percentile(&burst, 0.90))
+            },
         }
     }
 
@@ -302,6 +314,41 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
              and restarted in: {}; those rows depend on the machine's load.",
             lagged.join(", ")
         );
+    }
+    let bursts: Vec<String> = runs
+        .iter()
+        .filter_map(|r| r.burst_ttft_p90_ms.map(|p| format!("{} {p:.1}", r.router)))
+        .collect();
+    if !bursts.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nThe burst's requests, TTFT p90 ms: {}.",
+            bursts.join(", ")
+        );
+    }
+    if runs.iter().any(|r| r.classes.len() > 1 || r.shed > 0) {
+        let _ = writeln!(
+            out,
+            "\nPer tenant and priority (SLO {:.0} ms):\n\n| router | tenant | priority | served | shed (429) | within SLO | goodput req/s | TTFT p50 ms | p90 ms |\n|---|---|---|---|---|---|---|---|---|",
+            runs.first().map_or(0.0, |r| r.slo_ms)
+        );
+        for r in runs {
+            for c in &r.classes {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                    r.router,
+                    c.tenant,
+                    c.priority,
+                    c.served,
+                    c.shed,
+                    c.good,
+                    c.goodput_rps,
+                    c.ttft_p50_ms,
+                    c.ttft_p90_ms
+                );
+            }
+        }
     }
     let find = |name: &str| runs.iter().find(|r| r.router == name);
     for ic in runs

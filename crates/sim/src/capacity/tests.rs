@@ -126,6 +126,7 @@ fn the_slo_is_a_multiple_of_the_solo_no_cache_ttft() {
         prefill_us_per_token: 50.0,
         decode_us_per_token: 2000.0,
         batch: Some(BatchCosts::DEFAULT),
+        mixed: false,
     };
     let request = |len: usize| crate::workload::Request {
         at: Duration::ZERO,
