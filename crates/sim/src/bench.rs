@@ -16,16 +16,17 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::json;
 
+use super::capacity;
 use super::chart;
 use super::drive::{self, Clients, EngineRef, MODEL, SCHEME};
 use super::engine::{self, CostArgs, EngineConfig, EngineHandle};
 use super::envoy;
 use super::http::Http;
 use super::process::{Proc, find_envoy, free_addr, wait_until};
-use super::report::{EngineStats, RunSummary, table};
+use super::report::{EngineStats, Offered, RunSummary, table};
 use super::router::Router;
 use super::text::TextRendering;
-use super::workload::{Fleet, Workload};
+use super::workload::{Fleet, TENANT_WEIGHTS, Workload};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -50,6 +51,16 @@ pub struct BenchArgs {
     /// Arrival rate as a fraction of what the fleet serves with no cache hits.
     #[arg(long, default_value_t = 0.85)]
     pub load: f64,
+    /// An offered-load sweep instead of `--load`: run every workload at each of
+    /// these fractions of the fleet's no-cache capacity (e.g. `0.5,1,1.5,2,3`) and
+    /// report goodput and each router's capacity at the workload's TTFT objective
+    /// (capacity.md, capacity.json and capacity.svg in `--out`).
+    #[arg(long, value_name = "LOADS", value_delimiter = ',')]
+    pub sweep: Vec<f64>,
+    /// The `inferencecache-flow` row's `spec.flowControl.maxQueueWait` (a Go
+    /// duration); without it the server's default (1s).
+    #[arg(long, value_name = "DURATION")]
+    pub flow_max_queue_wait: Option<String>,
     /// Where results.md, results.json and chart.svg (and the logs) go.
     #[arg(long, default_value = "target/bench-routing")]
     pub out: PathBuf,
@@ -119,6 +130,19 @@ const BLOCK_SIZE: u32 = 16;
 pub const TUNED_POLICY_SPEC: &str =
     "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
 
+/// The `inferencecache-flow` row's CachePolicy spec: the default policy with flow
+/// control on, at its defaults (hold up to 1 s, up to 1024 requests) unless
+/// `max_queue_wait` is given.
+pub fn flow_policy_spec(max_queue_wait: Option<&str>) -> String {
+    match max_queue_wait {
+        Some(wait) => format!(
+            "{{ flowControl: {{ enabled: true, maxQueueWait: {} }} }}",
+            json!(wait)
+        ),
+        None => "{ flowControl: { enabled: true } }".to_string(),
+    }
+}
+
 /// One running sidecar.
 struct Sidecar {
     proc: Proc,
@@ -160,6 +184,15 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if !(args.load > 0.0 && args.load.is_finite()) {
         bail!("--load must be a positive fraction, not {}", args.load);
     }
+    if let Some(bad) = args.sweep.iter().find(|l| !(**l > 0.0 && l.is_finite())) {
+        bail!("--sweep takes positive fractions, not {bad}");
+    }
+    let loads: Vec<f64> = if args.sweep.is_empty() {
+        vec![args.load]
+    } else {
+        args.sweep.clone()
+    };
+    let tenant_count = workloads.iter().map(Workload::tenants).max().unwrap_or(1);
     if args.sidecars == 0 {
         bail!("--sidecars must be at least 1");
     }
@@ -185,7 +218,23 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--tokenizer starts the simulated engines with it; external engines bring their own");
     }
 
-    let (engines, _handles) = start_engines(&args).await?;
+    let mixed = workloads.iter().any(Workload::mixed_fleet);
+    if mixed && !workloads.iter().all(Workload::mixed_fleet) {
+        bail!("mixed-fleet runs on engines of its own: run it alone (--workload mixed-fleet)");
+    }
+    if mixed && !args.external.is_empty() {
+        bail!("mixed-fleet starts simulated engines of two kinds; it cannot use --engine");
+    }
+    let (engines, _handles) = start_engines(&args, mixed).await?;
+    let fleet = Fleet {
+        engines: engines.len(),
+        max_running: args.costs.max_running(),
+        prefill_us_per_token: args.costs.prefill_us_per_token,
+        decode_us_per_token: args.costs.decode_us_per_token,
+        batch: args.costs.batch(),
+        mixed,
+    };
+    let engine_costs: Vec<_> = (0..engines.len()).map(|i| fleet.engine(i).batch).collect();
     if routers.iter().any(|r| r.is_oracle()) && engines.iter().any(|e| !e.simulated) {
         bail!("the oracles need simulated engines (drop --router oracle and oracle-load)");
     }
@@ -196,14 +245,16 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let tenants = tenants(&routers);
     // Plain OpenAI clients name no tenant: the sidecar takes the one namespace
     // serving the body's model, which works while only one does.
-    let tenant_header = args.clients == Clients::Headers || tenants.len() > 1;
+    let tenant_header = args.clients == Clients::Headers || tenants.len() > 1 || tenant_count > 1;
     // Each tenant of each sidecar has its own subscriber per engine.
-    let subscribers = engines.len() * tenants.len();
+    let subscribers = engines.len() * tenants.len() * tenant_count as usize;
     std::fs::write(
         &policy,
         policy_yaml(
             &engines,
             &tenants,
+            tenant_count,
+            &flow_policy_spec(args.flow_max_queue_wait.as_deref()),
             args.cache_policy.as_ref(),
             args.tokenizer.as_deref(),
             args.scrape_interval.as_deref(),
@@ -370,100 +421,115 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let ids: Vec<String> = engines.iter().map(|e| e.id.clone()).collect();
     let mut results: Vec<(String, Vec<RunSummary>)> = Vec::new();
     let mut report = String::new();
+    let mut sweeps: Vec<(String, String, Vec<RunSummary>)> = Vec::new();
     for workload in &workloads {
-        let fleet = Fleet {
-            engines: engines.len(),
-            max_running: args.costs.max_running(),
-            prefill_us_per_token: args.costs.prefill_us_per_token,
-            decode_us_per_token: args.costs.decode_us_per_token,
-            batch: args.costs.batch(),
-        };
-        let schedule = workload.generate(args.seed, &fleet, args.load);
-        let describe = format!(
-            "{}; {:.1} req/s ({} × the fleet's no-cache capacity){}",
-            workload.describe(),
-            schedule.rate,
-            args.load,
-            if args.stream {
-                "; streamed responses"
-            } else {
-                ""
-            }
-        );
-        let prepared = Arc::new(drive::prepare(
-            schedule.requests,
-            BLOCK_SIZE,
-            args.clients,
-            text.as_ref(),
-            args.stream,
-        )?);
-        let mut runs = Vec::new();
-        for &router in &routers {
-            reset(&http, &refs, &admin_urls, subscribers).await?;
-            let wire_before = fleet_nats::published(&http, &admin_urls).await;
-            let urls: &[String] = listeners
-                .iter()
-                .find(|(r, _)| *r == router)
-                .map_or(&[], |(_, urls)| urls.as_slice());
-            let outcome = drive::run(
-                &http,
-                router,
-                urls,
-                &refs,
-                prepared.clone(),
-                args.costs.batch(),
-                tenant_header,
-            )
-            .await?;
-            for s in &mut sidecars {
-                s.proc.check_running()?;
-            }
-            for e in &mut envoys {
-                e.check_running()?;
-            }
-            if let Some(n) = &mut nats {
-                n.check_running()?;
-                let after = fleet_nats::published(&http, &admin_urls).await;
-                let requests = outcome.samples.len().max(1) as f64;
-                let line = format!(
-                    "fleet sync ({}): {:.1} messages and {:.0} bytes published per request \
-                     ({:.0} bytes per message, heartbeats included)\n\n",
-                    router.name(),
-                    (after.0 - wire_before.0) / requests,
-                    (after.1 - wire_before.1) / requests,
-                    (after.1 - wire_before.1) / (after.0 - wire_before.0).max(1.0),
-                );
-                eprint!("{line}");
-                report.push_str(&line);
-            }
-            let stats = engine_stats(&http, &refs, &engines).await;
-            let summary = RunSummary::of(workload.name(), router, &ids, &outcome, stats);
-            if args.trace {
-                write_trace(&args.out, workload.name(), router, &outcome.samples)?;
-            }
-            eprintln!(
-                "{:>14} {:>15}: {} requests in {:.1} s, hit rate {:.1}%, TTFT p90 {:.0} ms, \
-                 engine clock lag max {:.0} ms ({} resets){}",
-                workload.name(),
-                router.name(),
-                summary.requests,
-                outcome.elapsed.as_secs_f64(),
-                summary.hit_rate * 100.0,
-                summary.ttft_p90_ms,
-                summary.max_lag_ms,
-                summary.clock_resets,
-                match &outcome.first_error {
-                    Some(e) => format!(", {} errors (first: {e})", outcome.errors),
-                    None => String::new(),
+        let mut sweep_runs = Vec::new();
+        for &load in &loads {
+            let schedule = workload.generate(args.seed, &fleet, load);
+            let offered = Offered {
+                load,
+                rate: schedule.rate,
+                slo_ms: capacity::slo_ms(&fleet, &schedule.requests),
+            };
+            let describe = format!(
+                "{}; {:.1} req/s ({} × the fleet's no-cache capacity){}",
+                workload.describe(),
+                schedule.rate,
+                load,
+                if args.stream {
+                    "; streamed responses"
+                } else {
+                    ""
                 }
             );
-            runs.push(summary);
+            let prepared = Arc::new(drive::prepare(
+                schedule.requests,
+                BLOCK_SIZE,
+                args.clients,
+                text.as_ref(),
+                args.stream,
+            )?);
+            let mut runs = Vec::new();
+            for &router in &routers {
+                reset(&http, &refs, &admin_urls, subscribers).await?;
+                let wire_before = fleet_nats::published(&http, &admin_urls).await;
+                let urls: &[String] = listeners
+                    .iter()
+                    .find(|(r, _)| *r == router)
+                    .map_or(&[], |(_, urls)| urls.as_slice());
+                let outcome = drive::run(
+                    &http,
+                    router,
+                    urls,
+                    &refs,
+                    prepared.clone(),
+                    &engine_costs,
+                    tenant_header,
+                )
+                .await?;
+                for s in &mut sidecars {
+                    s.proc.check_running()?;
+                }
+                for e in &mut envoys {
+                    e.check_running()?;
+                }
+                if let Some(n) = &mut nats {
+                    n.check_running()?;
+                    let after = fleet_nats::published(&http, &admin_urls).await;
+                    let requests = outcome.samples.len().max(1) as f64;
+                    let line = format!(
+                        "fleet sync ({}): {:.1} messages and {:.0} bytes published per request \
+                         ({:.0} bytes per message, heartbeats included)\n\n",
+                        router.name(),
+                        (after.0 - wire_before.0) / requests,
+                        (after.1 - wire_before.1) / requests,
+                        (after.1 - wire_before.1) / (after.0 - wire_before.0).max(1.0),
+                    );
+                    eprint!("{line}");
+                    report.push_str(&line);
+                }
+                let stats = engine_stats(&http, &refs, &engines).await;
+                let summary = RunSummary::of(workload.name(), router, &ids, &outcome, stats)
+                    .with_slo(&outcome, offered);
+                if args.trace {
+                    let name = if args.sweep.is_empty() {
+                        workload.name().to_string()
+                    } else {
+                        format!("{}-{load}", workload.name())
+                    };
+                    write_trace(&args.out, &name, router, &outcome.samples)?;
+                }
+                eprintln!(
+                    "{:>14} {:>4}× {:>19}: {} requests in {:.1} s, {} shed, hit rate {:.1}%, \
+                 TTFT p90 {:.0} ms (SLO {:.0}), goodput {:.1}/s, engine clock lag max {:.0} ms \
+                 ({} resets){}",
+                    workload.name(),
+                    load,
+                    router.name(),
+                    summary.requests,
+                    outcome.elapsed.as_secs_f64(),
+                    summary.shed,
+                    summary.hit_rate * 100.0,
+                    summary.ttft_p90_ms,
+                    summary.slo_ms,
+                    summary.goodput_rps,
+                    summary.max_lag_ms,
+                    summary.clock_resets,
+                    match &outcome.first_error {
+                        Some(e) => format!(", {} errors (first: {e})", outcome.errors),
+                        None => String::new(),
+                    }
+                );
+                runs.push(summary);
+            }
+            let t = table(workload.name(), &describe, &runs);
+            println!("\n{t}");
+            report.push_str(&t);
+            report.push('\n');
+            sweep_runs.extend(runs.iter().cloned());
+            results.push((workload.name().to_string(), runs));
         }
-        let t = table(workload.name(), &describe, &runs);
-        println!("\n{t}");
-        report.push_str(&t);
-        report.push('\n');
-        results.push((workload.name().to_string(), runs));
+        sweeps.push((workload.name().to_string(), workload.describe(), sweep_runs));
     }
 
     let chart_path = args.out.join("chart.svg");
@@ -498,6 +564,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         args.out.join("results.json").display(),
         chart_path.display()
     );
+    if !args.sweep.is_empty() {
+        write_capacity(&args, &engines, &sweeps)?;
+    }
     let failed: usize = json_runs.iter().map(|r| r.errors).sum();
     if failed > 0 {
         bail!(
@@ -508,7 +577,62 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<EngineHandle>)> {
+/// `--sweep`: capacity.md (each workload's sweep table and capacities),
+/// capacity.json and capacity.svg.
+fn write_capacity(
+    args: &BenchArgs,
+    engines: &[Engine],
+    sweeps: &[(String, String, Vec<RunSummary>)],
+) -> anyhow::Result<()> {
+    let mut md = format!(
+        "# Capacity at a TTFT objective\n\n`{}`\n\n{}\nThe objective (SLO) of each workload \
+         is {}× the mean TTFT of its requests alone on an idle engine with nothing cached. \
+         Goodput counts served requests whose TTFT meets it, per second of the run; shed \
+         requests (429 from flow control) are neither goodput nor failures.\n\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        setup(args, engines),
+        capacity::SLO_TTFT_MULTIPLE
+    );
+    let mut json_caps = Vec::new();
+    for (workload, describe, runs) in sweeps {
+        md.push_str(&capacity::table(workload, describe, runs));
+        md.push('\n');
+        for (router, c) in capacity::capacities(runs) {
+            json_caps.push(
+                json!({ "workload": workload, "router": router, "capacity": c,
+                "slo_ms": runs.first().map_or(0.0, |r| r.slo_ms) }),
+            );
+        }
+    }
+    std::fs::write(args.out.join("capacity.md"), &md)?;
+    let all: Vec<&RunSummary> = sweeps.iter().flat_map(|(_, _, r)| r).collect();
+    std::fs::write(
+        args.out.join("capacity.json"),
+        serde_json::to_vec_pretty(
+            &json!({ "seed": args.seed, "capacities": json_caps, "runs": all }),
+        )?,
+    )?;
+    let chart: Vec<(String, Vec<RunSummary>)> = sweeps
+        .iter()
+        .map(|(w, _, r)| (w.clone(), r.clone()))
+        .collect();
+    chart::write_capacity_svg(&args.out.join("capacity.svg"), &chart)?;
+    println!("\n{md}");
+    println!(
+        "Wrote {}, {} and {}.",
+        args.out.join("capacity.md").display(),
+        args.out.join("capacity.json").display(),
+        args.out.join("capacity.svg").display()
+    );
+    Ok(())
+}
+
+/// The simulated engines (or the external ones); with `mixed`, of two kinds
+/// ([`Fleet::engine`]), the default engines otherwise.
+async fn start_engines(
+    args: &BenchArgs,
+    mixed: bool,
+) -> anyhow::Result<(Vec<Engine>, Vec<EngineHandle>)> {
     if !args.external.is_empty() {
         let engines = args
             .external
@@ -522,16 +646,25 @@ async fn start_engines(args: &BenchArgs) -> anyhow::Result<(Vec<Engine>, Vec<Eng
     }
     let mut engines = Vec::new();
     let mut handles = Vec::new();
+    let fleet = Fleet {
+        engines: args.engines,
+        max_running: args.costs.max_running(),
+        prefill_us_per_token: args.costs.prefill_us_per_token,
+        decode_us_per_token: args.costs.decode_us_per_token,
+        batch: args.costs.batch(),
+        mixed,
+    };
     for i in 0..args.engines {
+        let costs = fleet.engine(i);
         let config = EngineConfig {
             id: format!("engine-{i}"),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             block_size: BLOCK_SIZE,
             capacity_blocks: args.costs.capacity_blocks,
-            max_running: args.costs.max_running(),
-            prefill_us_per_token: args.costs.prefill_us_per_token,
+            max_running: costs.max_running,
+            prefill_us_per_token: costs.prefill_us_per_token,
             decode_us_per_token: args.costs.decode_us_per_token,
-            batch: args.costs.batch(),
+            batch: costs.batch,
             model_name: MODEL.to_string(),
             tokenizer: args.tokenizer.clone(),
             ..EngineConfig::default()
@@ -573,8 +706,10 @@ fn parse_external(spec: &str) -> anyhow::Result<Engine> {
 /// (always `bench`, the default policy's).
 fn tenants(routers: &[Router]) -> Vec<Router> {
     let mut out = vec![Router::InferenceCache];
-    if routers.contains(&Router::InferenceCacheTuned) {
-        out.push(Router::InferenceCacheTuned);
+    for variant in [Router::InferenceCacheTuned, Router::InferenceCacheFlow] {
+        if routers.contains(&variant) {
+            out.push(variant);
+        }
     }
     out
 }
@@ -602,20 +737,34 @@ fn write_trace(
 fn policy_yaml(
     engines: &[Engine],
     tenants: &[Router],
+    tenant_count: u8,
+    flow_spec: &str,
     cache_policy: Option<&PathBuf>,
     tokenizer: Option<&std::path::Path>,
     scrape_interval: Option<&str>,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
-    for &variant in tenants {
-        let ns = variant.tenant();
+    let namespaces = tenants
+        .iter()
+        .flat_map(|&v| (0..tenant_count.max(1)).map(move |i| (v, i)));
+    for (variant, index) in namespaces {
+        let ns = variant.tenant_of(index);
+        // Several tenants share the model's flow-control queue by weight.
+        let fairness = if tenant_count > 1 {
+            format!(
+                "\n  isolationMode: Fairness\n  weight: {}",
+                TENANT_WEIGHTS.get(usize::from(index)).copied().unwrap_or(1)
+            )
+        } else {
+            String::new()
+        };
         let _ = write!(
             out,
             "apiVersion: inferencecache.io/v1alpha1
 kind: CacheTenant
 metadata: {{ name: {ns}, namespace: {ns} }}
 spec:
-  tenantID: {ns}
+  tenantID: {ns}{fairness}
 ---
 apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
@@ -659,6 +808,18 @@ spec:
 ---"
                 );
             }
+            Router::InferenceCacheFlow => {
+                let _ = writeln!(
+                    out,
+                    "apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{ name: default, namespace: {ns} }}
+spec:
+  {flow_spec}
+---"
+                );
+            }
+            _ if index > 0 => {}
             _ => {
                 if let Some(path) = cache_policy {
                     let text = std::fs::read_to_string(path)

@@ -135,11 +135,37 @@ pub struct Sample {
     /// The load rule's check that moved it (`requests`, `share`, `prefill`).
     pub spilled_by: Option<String>,
     pub family: u32,
+    /// The workload's tenant that sent it.
+    pub tenant: u8,
+    pub priority: i32,
+    /// How long the sidecar's flow control held it before routing it
+    /// (`x-inferencecache-queued-ms`; 0 when not held). Part of `ttft_ms`.
+    pub queued_ms: f64,
+}
+
+/// A request answered 429 by the sidecar's flow control: not a failure, not served.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Shed {
+    pub at_ms: f64,
+    pub tenant: u8,
+    pub priority: i32,
+    /// `x-inferencecache-shed` (`queue-full`, `queue-timeout`, `priority`).
+    pub reason: String,
+}
+
+/// How one request ended.
+enum Answer {
+    Served(Sample),
+    Shed(Shed),
 }
 
 /// Everything a run produced.
 pub struct Outcome {
+    /// The requests served (2xx).
     pub samples: Vec<Sample>,
+    /// The requests shed with 429.
+    pub shed: Vec<Shed>,
+    /// The requests that failed otherwise (any other status, or no answer).
     pub errors: usize,
     pub first_error: Option<String>,
     pub elapsed: Duration,
@@ -154,9 +180,10 @@ pub async fn run(
     listeners: &[String],
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
-    costs: Option<BatchCosts>,
+    costs: &[Option<BatchCosts>],
     tenant_header: bool,
 ) -> anyhow::Result<Outcome> {
+    let costs: Arc<Vec<Option<BatchCosts>>> = Arc::new(costs.to_vec());
     if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
     }
@@ -184,13 +211,14 @@ pub async fn run(
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for i in 0..schedule.len() {
-        let (http, schedule, engines, by_addr, listeners, ledger) = (
+        let (http, schedule, engines, by_addr, listeners, ledger, costs) = (
             http.clone(),
             schedule.clone(),
             engines.clone(),
             by_addr.clone(),
             listeners.clone(),
             ledger.clone(),
+            costs.clone(),
         );
         tasks.spawn(async move {
             let p = &schedule[i];
@@ -198,7 +226,7 @@ pub async fn run(
             let url = if router.is_oracle() {
                 format!(
                     "{}/v1/completions",
-                    oracle_pick(&http, &engines, p, router, &ledger, costs, cap).await?
+                    oracle_pick(&http, &engines, p, router, &ledger, &costs, cap).await?
                 )
             } else {
                 listeners[i % listeners.len()].clone()
@@ -207,10 +235,12 @@ pub async fn run(
         });
     }
     let mut samples = Vec::with_capacity(schedule.len());
+    let mut shed = Vec::new();
     let (mut errors, mut first_error) = (0, None);
     while let Some(joined) = tasks.join_next().await {
         match joined.context("request task")? {
-            Ok(s) => samples.push(s),
+            Ok(Answer::Served(s)) => samples.push(s),
+            Ok(Answer::Shed(s)) => shed.push(s),
             Err(e) => {
                 errors += 1;
                 first_error.get_or_insert_with(|| format!("{e:#}"));
@@ -219,6 +249,7 @@ pub async fn run(
     }
     Ok(Outcome {
         samples,
+        shed,
         errors,
         first_error,
         elapsed: start.elapsed(),
@@ -232,14 +263,32 @@ async fn send(
     p: &Prepared,
     by_addr: &HashMap<String, String>,
     tenant_header: bool,
-) -> anyhow::Result<Sample> {
+) -> anyhow::Result<Answer> {
     let mut headers = p.headers.clone();
     if tenant_header {
-        headers.push((headers::TENANT, router.tenant().to_string()));
+        headers.push((headers::TENANT, router.tenant_of(p.request.tenant)));
+    }
+    if p.request.priority != 0 {
+        headers.push((headers::PRIORITY, p.request.priority.to_string()));
     }
     let sent = Instant::now();
     let reply = http.post_json(url, &headers, &p.body).await?;
     let latency_ms = sent.elapsed().as_secs_f64() * 1e3;
+    let at_ms = p.request.at.as_secs_f64() * 1e3;
+    // Only the sidecar's flow control sheds: a 429 it did not mark is a failure.
+    if let Some(reason) = reply
+        .headers
+        .get(headers::SHED)
+        .and_then(|v| v.to_str().ok())
+        .filter(|_| reply.status.as_u16() == 429)
+    {
+        return Ok(Answer::Shed(Shed {
+            at_ms,
+            tenant: p.request.tenant,
+            priority: p.request.priority,
+            reason: reason.to_string(),
+        }));
+    }
     if !reply.status.is_success() {
         bail!(
             "{url}: {} {}",
@@ -263,9 +312,15 @@ async fn send(
             by_addr.get(&host).cloned().unwrap_or(host)
         }
     };
-    Ok(Sample {
-        at_ms: p.request.at.as_secs_f64() * 1e3,
-        ttft_ms: body["sim"]["ttft_ms"].as_f64().unwrap_or(latency_ms),
+    let queued_ms: f64 = header(headers::QUEUED_MS)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    // The engine's TTFT starts when the request reaches it; a request the sidecar
+    // held waited that long before, and its client saw both.
+    let engine_ttft = body["sim"]["ttft_ms"].as_f64();
+    Ok(Answer::Served(Sample {
+        at_ms,
+        ttft_ms: engine_ttft.map_or(latency_ms, |t| t + queued_ms),
         latency_ms,
         prompt_tokens: usage["prompt_tokens"]
             .as_u64()
@@ -283,7 +338,10 @@ async fn send(
         spilled_from: header(headers::SPILLED_FROM),
         spilled_by: header(headers::SPILLED_BY),
         family: p.request.family,
-    })
+        tenant: p.request.tenant,
+        priority: p.request.priority,
+        queued_ms,
+    }))
 }
 
 /// The oracles' own requests still on the wire: decided, sent, not yet received by
@@ -390,7 +448,7 @@ async fn oracle_pick(
     p: &Prepared,
     router: Router,
     ledger: &tokio::sync::Mutex<Ledger>,
-    costs: Option<BatchCosts>,
+    costs: &[Option<BatchCosts>],
     cap: Option<u64>,
 ) -> anyhow::Result<String> {
     let mut ledger = ledger.lock().await;
@@ -431,7 +489,7 @@ async fn oracle_pick(
         .map(|(e, &(mut view, (pending, decoding, received)))| {
             let transit = ledger.in_transit(e, received);
             view.full = cap.is_some_and(|cap| ledger.routed(e) >= cap);
-            if let Some(c) = &costs {
+            if let Some(c) = costs.get(e).copied().flatten() {
                 let uncached = prompt_len.saturating_sub(view.cached);
                 view.predicted_ttft_ms = c.predict_ttft_us(
                     (pending + transit) as usize,

@@ -18,6 +18,7 @@
 
 pub mod bench;
 pub mod cache;
+pub mod capacity;
 pub mod chart;
 pub mod drive;
 pub mod engine;

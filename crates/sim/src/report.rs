@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::drive::Outcome;
 use super::router::Router;
+use super::workload::BURST_FAMILY;
 
 /// One router on one workload.
 #[derive(Clone, Debug, Serialize)]
@@ -50,6 +51,43 @@ pub struct RunSummary {
     /// Every TTFT, sorted (for the chart).
     #[serde(skip)]
     pub ttfts_ms: Vec<f64>,
+    /// The offered load (× the fleet's no-cache capacity) and its request rate.
+    pub load: f64,
+    pub offered_rps: f64,
+    /// The workload's TTFT objective, ms (see `capacity::slo_ms`).
+    pub slo_ms: f64,
+    /// Requests the sidecar shed with 429 (neither served nor failed), by reason.
+    pub shed: usize,
+    pub shed_reasons: BTreeMap<String, usize>,
+    /// Served requests whose TTFT met the objective, per second of wall time.
+    pub goodput_rps: f64,
+    /// Served requests whose TTFT met the objective.
+    pub good: usize,
+    /// The same accounting per (tenant, priority) present in the run.
+    pub classes: Vec<ClassSummary>,
+    /// The burst workload's burst requests' TTFT p90, ms (`None` without a burst).
+    pub burst_ttft_p90_ms: Option<f64>,
+}
+
+/// One (tenant, priority) class of a run's requests.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassSummary {
+    pub tenant: u8,
+    pub priority: i32,
+    pub served: usize,
+    pub shed: usize,
+    pub good: usize,
+    pub goodput_rps: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
+}
+
+/// What a run was offered, for [`RunSummary::with_slo`].
+#[derive(Clone, Copy, Debug)]
+pub struct Offered {
+    pub load: f64,
+    pub rate: f64,
+    pub slo_ms: f64,
 }
 
 impl RunSummary {
@@ -116,7 +154,7 @@ impl RunSummary {
         Self {
             workload: workload.to_string(),
             router: router.name().to_string(),
-            requests: s.len() + outcome.errors,
+            requests: s.len() + outcome.shed.len() + outcome.errors,
             errors: outcome.errors,
             hit_rate: if prompt == 0 {
                 0.0
@@ -142,7 +180,78 @@ impl RunSummary {
             cached_prediction_exact,
             prefix_match_prediction_ratio,
             ttfts_ms: ttfts,
+            load: 0.0,
+            offered_rps: 0.0,
+            slo_ms: 0.0,
+            shed: outcome.shed.len(),
+            shed_reasons: outcome.shed.iter().fold(BTreeMap::new(), |mut m, x| {
+                *m.entry(x.reason.clone()).or_default() += 1;
+                m
+            }),
+            goodput_rps: 0.0,
+            good: 0,
+            classes: Vec::new(),
+            burst_ttft_p90_ms: {
+                let mut burst: Vec<f64> = s
+                    .iter()
+                    .filter(|x| x.family == BURST_FAMILY)
+                    .map(|x| x.ttft_ms)
+                    .collect();
+                burst.sort_by(f64::total_cmp);
+                (!burst.is_empty()).then(|| percentile(&burst, 0.90))
+            },
         }
+    }
+
+    /// Adds what the run was offered and the goodput against `offered.slo_ms`: a
+    /// served request counts when its TTFT is at most the objective; shed and
+    /// failed requests never count. Rates are per second of the run's wall time
+    /// (first send to last answer), as `throughput_rps`.
+    pub fn with_slo(mut self, outcome: &Outcome, offered: Offered) -> Self {
+        let secs = outcome.elapsed.as_secs_f64();
+        let per_sec = |n: usize| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+        let good = |ttft: f64| ttft <= offered.slo_ms;
+        self.load = offered.load;
+        self.offered_rps = offered.rate;
+        self.slo_ms = offered.slo_ms;
+        self.good = outcome.samples.iter().filter(|x| good(x.ttft_ms)).count();
+        self.goodput_rps = per_sec(self.good);
+        let mut keys: Vec<(u8, i32)> = outcome
+            .samples
+            .iter()
+            .map(|x| (x.tenant, x.priority))
+            .chain(outcome.shed.iter().map(|x| (x.tenant, x.priority)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        self.classes = keys
+            .into_iter()
+            .map(|(tenant, priority)| {
+                let mut ttfts: Vec<f64> = outcome
+                    .samples
+                    .iter()
+                    .filter(|x| (x.tenant, x.priority) == (tenant, priority))
+                    .map(|x| x.ttft_ms)
+                    .collect();
+                ttfts.sort_by(f64::total_cmp);
+                let g = ttfts.iter().filter(|&&t| good(t)).count();
+                ClassSummary {
+                    tenant,
+                    priority,
+                    served: ttfts.len(),
+                    shed: outcome
+                        .shed
+                        .iter()
+                        .filter(|x| (x.tenant, x.priority) == (tenant, priority))
+                        .count(),
+                    good: g,
+                    goodput_rps: per_sec(g),
+                    ttft_p50_ms: percentile(&ttfts, 0.50),
+                    ttft_p90_ms: percentile(&ttfts, 0.90),
+                }
+            })
+            .collect();
+        self
     }
 }
 
@@ -205,6 +314,41 @@ pub fn table(workload: &str, describe: &str, runs: &[RunSummary]) -> String {
              and restarted in: {}; those rows depend on the machine's load.",
             lagged.join(", ")
         );
+    }
+    let bursts: Vec<String> = runs
+        .iter()
+        .filter_map(|r| r.burst_ttft_p90_ms.map(|p| format!("{} {p:.1}", r.router)))
+        .collect();
+    if !bursts.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nThe burst's requests, TTFT p90 ms: {}.",
+            bursts.join(", ")
+        );
+    }
+    if runs.iter().any(|r| r.classes.len() > 1 || r.shed > 0) {
+        let _ = writeln!(
+            out,
+            "\nPer tenant and priority (SLO {:.0} ms):\n\n| router | tenant | priority | served | shed (429) | within SLO | goodput req/s | TTFT p50 ms | p90 ms |\n|---|---|---|---|---|---|---|---|---|",
+            runs.first().map_or(0.0, |r| r.slo_ms)
+        );
+        for r in runs {
+            for c in &r.classes {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                    r.router,
+                    c.tenant,
+                    c.priority,
+                    c.served,
+                    c.shed,
+                    c.good,
+                    c.goodput_rps,
+                    c.ttft_p50_ms,
+                    c.ttft_p90_ms
+                );
+            }
+        }
     }
     let find = |name: &str| runs.iter().find(|r| r.router == name);
     for ic in runs

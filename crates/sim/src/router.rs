@@ -12,6 +12,10 @@ pub enum Router {
     /// inferencecache with the policy an operator would set for these workloads
     /// (`bench::TUNED_POLICY_SPEC`), as its own tenant in the same sidecar.
     InferenceCacheTuned,
+    /// inferencecache with flow control on (`bench::FLOW_POLICY_SPEC`), as its own
+    /// tenant in the same sidecar: above capacity it holds requests and sheds
+    /// with 429 what it cannot hold. Not in the default set.
+    InferenceCacheFlow,
     /// Knows every engine's cache exactly (asks each engine before every request)
     /// and sends the request to the longest cached prefix, ties to the least loaded.
     /// Not a real router: the ceiling the hit rate is judged against.
@@ -49,7 +53,9 @@ impl Router {
     /// Every router: the default set, then the ones a benchmark runs only when
     /// named.
     pub fn known() -> impl Iterator<Item = Router> {
-        Self::ALL.into_iter().chain([Self::OracleBalanced])
+        Self::ALL
+            .into_iter()
+            .chain([Self::InferenceCacheFlow, Self::OracleBalanced])
     }
 
     pub fn name(self) -> &'static str {
@@ -59,6 +65,7 @@ impl Router {
             Self::LeastRequest => "least-request",
             Self::InferenceCache => "inferencecache",
             Self::InferenceCacheTuned => "inferencecache-tuned",
+            Self::InferenceCacheFlow => "inferencecache-flow",
             Self::Oracle => "oracle",
             Self::OracleLoad => "oracle-load",
             Self::OracleBalanced => "oracle-balanced",
@@ -80,7 +87,17 @@ impl Router {
     pub fn tenant(self) -> &'static str {
         match self {
             Self::InferenceCacheTuned => "bench-tuned",
+            Self::InferenceCacheFlow => "bench-flow",
             _ => "bench",
+        }
+    }
+
+    /// The tenant a workload's tenant `index` speaks as: index 0 is
+    /// [`Router::tenant`], the others a namespace of their own beside it.
+    pub fn tenant_of(self, index: u8) -> String {
+        match index {
+            0 => self.tenant().to_string(),
+            i => format!("{}-t{i}", self.tenant()),
         }
     }
 
@@ -91,7 +108,10 @@ impl Router {
 
     /// Whether the sidecar decides (the inferencecache rows).
     pub fn is_inferencecache(self) -> bool {
-        matches!(self, Self::InferenceCache | Self::InferenceCacheTuned)
+        matches!(
+            self,
+            Self::InferenceCache | Self::InferenceCacheTuned | Self::InferenceCacheFlow
+        )
     }
 
     /// The Envoy cluster serving this router, `None` for the oracles (direct).
@@ -100,7 +120,9 @@ impl Router {
             Self::RoundRobin => ("round_robin", false),
             Self::Random => ("random", false),
             Self::LeastRequest => ("least_request", false),
-            Self::InferenceCache | Self::InferenceCacheTuned => ("replicas", true),
+            Self::InferenceCache | Self::InferenceCacheTuned | Self::InferenceCacheFlow => {
+                ("replicas", true)
+            }
             Self::Oracle | Self::OracleLoad | Self::OracleBalanced => return None,
         };
         Some(EnvoyCluster { cluster, ext_proc })

@@ -33,6 +33,9 @@ fn a_trace_is_one_json_line_per_request_in_arrival_order() {
         spilled_from: spilled_from.map(str::to_string),
         spilled_by: spilled_from.map(|_| "share".to_string()),
         family: 3,
+        tenant: 0,
+        priority: 0,
+        queued_ms: 0.0,
     };
     let dir = std::env::temp_dir().join(format!("ic-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -73,7 +76,16 @@ fn the_policy_file_names_every_engine_and_parses() {
             simulated: true,
         },
     ];
-    let yaml = policy_yaml(&engines, &tenants(&Router::ALL), None, None, None).unwrap();
+    let yaml = policy_yaml(
+        &engines,
+        &tenants(&Router::ALL),
+        1,
+        &flow_policy_spec(None),
+        None,
+        None,
+        None,
+    )
+    .unwrap();
     let source = inferencecache::adapters::policy_file::Source {
         path: "policy.yaml".into(),
         text: yaml.clone(),
@@ -103,7 +115,16 @@ fn the_policy_file_names_every_engine_and_parses() {
 
     // `--scrape-interval` sets every backend's `spec.metrics.interval`.
     let tenants = tenants(&Router::ALL);
-    let yaml = policy_yaml(&engines, &tenants, None, None, Some("250ms")).unwrap();
+    let yaml = policy_yaml(
+        &engines,
+        &tenants,
+        1,
+        &flow_policy_spec(None),
+        None,
+        None,
+        Some("250ms"),
+    )
+    .unwrap();
     let source = inferencecache::adapters::policy_file::Source {
         path: "policy.yaml".into(),
         text: yaml.clone(),
@@ -112,4 +133,63 @@ fn the_policy_file_names_every_engine_and_parses() {
     assert!(loaded.is_ok(), "{yaml}\n{:?}", loaded.err());
     let set = yaml.matches("  metrics: { interval: \"250ms\" }\n").count();
     assert_eq!(set, tenants.len(), "{yaml}");
+}
+
+#[test]
+fn several_tenants_get_a_namespace_each_with_their_weight_and_the_flow_row_its_policy() {
+    let engines = vec![Engine {
+        id: "engine-0".into(),
+        http: "127.0.0.1:1".parse().unwrap(),
+        events: "tcp://127.0.0.1:2".into(),
+        simulated: true,
+    }];
+    let routers = [Router::InferenceCache, Router::InferenceCacheFlow];
+    let yaml = policy_yaml(
+        &engines,
+        &tenants(&routers),
+        3,
+        &flow_policy_spec(Some("150ms")),
+        None,
+        None,
+        None,
+    )
+    .unwrap();
+    let source = inferencecache::adapters::policy_file::Source {
+        path: "policy.yaml".into(),
+        text: yaml.clone(),
+    };
+    let loaded = inferencecache::adapters::policy_file::parse(&[source]);
+    assert!(loaded.is_ok(), "{yaml}\n{:?}", loaded.err());
+    let snapshot = loaded.unwrap().snapshot;
+    for router in routers {
+        for (index, weight) in [(0u8, 1u32), (1, 1), (2, 3)] {
+            let tenant = router.tenant_of(index);
+            let view = snapshot.tenant(&tenant);
+            assert_eq!(view.namespace, Some(tenant.as_str()), "{yaml}");
+            assert_eq!(view.fair_weight, Some(weight), "{tenant}");
+            assert_eq!(
+                view.policy.flow_control.enabled,
+                router == Router::InferenceCacheFlow,
+                "{tenant}"
+            );
+            if router == Router::InferenceCacheFlow {
+                assert_eq!(
+                    view.policy.flow_control.max_queue_wait,
+                    Duration::from_millis(150)
+                );
+            }
+        }
+    }
+    // One tenant: no isolation mode, as before.
+    let yaml = policy_yaml(
+        &engines,
+        &tenants(&routers),
+        1,
+        &flow_policy_spec(None),
+        None,
+        None,
+        None,
+    )
+    .unwrap();
+    assert!(!yaml.contains("isolationMode"), "{yaml}");
 }

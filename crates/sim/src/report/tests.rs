@@ -16,6 +16,9 @@ fn sample(replica: &str, ttft: f64, prompt: u64, cached: u64) -> Sample {
         spilled_from: None,
         spilled_by: None,
         family: 0,
+        tenant: 0,
+        priority: 0,
+        queued_ms: 0.0,
     }
 }
 
@@ -37,6 +40,7 @@ fn summary_counts_tokens_balance_and_idle_engines() {
             sample("a", 30.0, 100, 0),
             sample("b", 20.0, 200, 150),
         ],
+        shed: Vec::new(),
         errors: 1,
         first_error: None,
         elapsed: Duration::from_secs(2),
@@ -94,6 +98,7 @@ fn losing_reads_as_higher_and_winning_as_lower() {
                 predicted_cached: None,
                 ..sample("a", 100.0, 100, 0)
             }],
+            shed: Vec::new(),
             errors: 0,
             first_error: None,
             elapsed: Duration::from_secs(1),
@@ -116,6 +121,7 @@ fn losing_reads_as_higher_and_winning_as_lower() {
                     ..sample("a", 400.0, 100, 32)
                 },
             ],
+            shed: Vec::new(),
             errors: 0,
             first_error: None,
             elapsed: Duration::from_secs(1),
