@@ -214,7 +214,7 @@ def test_nats_lost_mid_traffic_fails_nothing_and_sync_resumes(fleet):
     big, headers = _long_prompt(f, 4000)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         held = pool.submit(_slow_get, f.envoys[0], headers)
-        wait_until(lambda: _total(f.sidecars[1], "peerInflightTokens") == 3000,
+        wait_until(lambda: _total(f.sidecars[1], "peerInflightTokens") >= 3000,
                    timeout=TIMEOUT, what="s2 sees s1's backlog after NATS is back")
         assert held.result().status_code == 200
     for sc in f.sidecars:
