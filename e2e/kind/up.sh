@@ -7,9 +7,10 @@
 #   kind delete cluster --name inferencecache    # tear down
 #
 # Steps: kind cluster → docker build (e2e/kind/Dockerfile) → kind load → CRDs →
-# namespace, RBAC, webhook TLS Secret (a throwaway CA made here with openssl) →
-# Deployments, Services, the ValidatingWebhookConfiguration with that CA → the
-# fake engine and the samples in team-a → how to curl.
+# namespaces, RBAC, webhook TLS Secret (a throwaway CA made here with openssl) →
+# the fleet's NATS token and NATS (manifests/nats.yaml) → Deployments, Services,
+# the ValidatingWebhookConfiguration with that CA → the fake engine and the
+# samples in team-a → how to curl.
 #
 # The router container runs `serve --kubernetes`, which watches the CRDs and the
 # backends' pods into its policy.
@@ -60,6 +61,19 @@ kubectl -n "$NS" create secret tls inferencecache-webhook-tls \
 kubectl -n "$NS" create secret generic inferencecache-ingest-tokens \
   --from-literal=tokens="kind:$(openssl rand -hex 24)" --dry-run=client -o yaml | kubectl apply -f -
 
+# The fleet's NATS token, the same in both namespaces (manifests/nats.yaml reads it
+# into its config, so it starts with a letter; the sidecars mount it). Kept on a
+# second run: the running NATS read it at its start.
+FLEET_TOKEN="ic$(openssl rand -hex 24)"
+if kubectl -n nats get secret inferencecache-fleet-nats >/dev/null 2>&1; then
+  FLEET_TOKEN="$(kubectl -n nats get secret inferencecache-fleet-nats -o jsonpath='{.data.token}' | base64 -d)"
+fi
+for ns in nats "$NS"; do
+  kubectl -n "$ns" create secret generic inferencecache-fleet-nats \
+    --from-literal=token="$FLEET_TOKEN" --dry-run=client -o yaml | kubectl apply -f -
+done
+kubectl apply -f "$ROOT/manifests/nats.yaml"
+
 kubectl apply -f "$ROOT/manifests/envoy-config.yaml" -f "$ROOT/manifests/deployment.yaml" \
   -f "$ROOT/manifests/services.yaml"
 kubectl -n "$NS" rollout status deploy/inferencecache-webhook --timeout=180s
@@ -81,6 +95,8 @@ metadata: { name: probe, namespace: team-a }
 spec: { tenantID: inferencecache.io/probe }
 YAML
 
+kubectl -n nats rollout status statefulset/nats --timeout=120s || \
+  echo "NATS not ready yet (kind's default StorageClass provisions its volume); the routers route on their own views until it is"
 kubectl -n "$NS" rollout status deploy/inferencecache --timeout=120s || \
   echo "router not ready yet (serve --kubernetes needs the CRD watches); see docs/kubernetes.md"
 
