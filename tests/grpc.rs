@@ -509,6 +509,7 @@ async fn lookup_is_never_held_by_flow_control() {
             enabled: true,
             max_queue_wait: std::time::Duration::from_secs(20),
             max_queued: 1,
+            ..Default::default()
         },
         ..ResolvedPolicy::default()
     };

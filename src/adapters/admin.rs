@@ -261,6 +261,7 @@ pub fn resolved_policy_json(p: &ResolvedPolicy) -> Value {
             "enabled": p.flow_control.enabled,
             "maxQueueWait": format_duration(p.flow_control.max_queue_wait),
             "maxQueuedRequests": p.flow_control.max_queued,
+            "maxPrefillBacklogTokens": p.flow_control.max_backlog_tokens,
         },
     })
 }

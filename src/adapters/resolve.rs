@@ -480,6 +480,16 @@ pub fn resolve_policy(
                 crate::core::policy::FlowControl::DEFAULT_MAX_QUEUED
             }
         },
+        max_backlog_tokens: match u64::try_from(fc.max_prefill_backlog_tokens) {
+            Ok(n) => n,
+            Err(_) => {
+                errors.push((
+                    "spec.flowControl.maxPrefillBacklogTokens",
+                    format!("{} is below the minimum 0", fc.max_prefill_backlog_tokens),
+                ));
+                crate::core::policy::FlowControl::DEFAULT_MAX_BACKLOG_TOKENS
+            }
+        },
     };
     let policy = ResolvedPolicy {
         eviction: match spec.eviction {

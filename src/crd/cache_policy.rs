@@ -127,10 +127,22 @@ pub struct FlowControl {
     #[serde(default = "default_max_queued_requests")]
     #[schemars(range(min = 1))]
     pub max_queued_requests: i32,
+    /// A replica counts as saturated when the uncached prompt tokens routed to it
+    /// whose prefill has not ended reach this many (besides 8 requests waiting at
+    /// its engine, or a nearly full KV cache with requests waiting): about one
+    /// engine step of prefill work, so requests are held, and ordered, before
+    /// the engines' own queues grow. 0 leaves the bound out.
+    #[serde(default = "default_max_prefill_backlog_tokens")]
+    #[schemars(range(min = 0))]
+    pub max_prefill_backlog_tokens: i64,
 }
 
 fn default_max_queue_wait() -> String {
     "1s".to_string()
+}
+
+fn default_max_prefill_backlog_tokens() -> i64 {
+    crate::core::policy::FlowControl::DEFAULT_MAX_BACKLOG_TOKENS as i64
 }
 
 fn default_max_queued_requests() -> i32 {
@@ -143,6 +155,7 @@ impl Default for FlowControl {
             enabled: false,
             max_queue_wait: default_max_queue_wait(),
             max_queued_requests: default_max_queued_requests(),
+            max_prefill_backlog_tokens: default_max_prefill_backlog_tokens(),
         }
     }
 }

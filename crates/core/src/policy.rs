@@ -388,6 +388,10 @@ pub struct FlowControl {
     pub enabled: bool,
     pub max_queue_wait: Duration,
     pub max_queued: u32,
+    /// A replica whose prefill backlog (uncached tokens routed there, prefill
+    /// not ended) reaches this is saturated; 0: only the request-count and KV
+    /// bounds apply.
+    pub max_backlog_tokens: u64,
 }
 
 impl FlowControl {
@@ -396,6 +400,7 @@ impl FlowControl {
     /// request at most this plus a second (`max_message_timeout: 30s`).
     pub const MAX_QUEUE_WAIT: Duration = Duration::from_secs(29);
     pub const DEFAULT_MAX_QUEUED: u32 = 1024;
+    pub const DEFAULT_MAX_BACKLOG_TOKENS: u64 = 2048;
 }
 
 impl Default for FlowControl {
@@ -404,6 +409,7 @@ impl Default for FlowControl {
             enabled: false,
             max_queue_wait: Self::DEFAULT_MAX_QUEUE_WAIT,
             max_queued: Self::DEFAULT_MAX_QUEUED,
+            max_backlog_tokens: Self::DEFAULT_MAX_BACKLOG_TOKENS,
         }
     }
 }

@@ -370,6 +370,10 @@ impl Router {
     /// ([`crate::flow::saturation::all_saturated`]). The engine's report counts
     /// while younger than the tenant's `statsMaxAge`, plus what this sidecar sent
     /// since; without a fresh report, this sidecar's in-flight requests stand in.
+    /// The prefill backlog is the fleet's: this sidecar's routes still
+    /// prefilling and, with fleet sync, its peers'. What this sidecar sent and
+    /// the backlog count every scope registered at the replica's address (other
+    /// tenants' requests wait in the same engine queue).
     /// Empty when the scope is unknown or serves nothing.
     pub fn pressures(
         &self,
@@ -383,6 +387,14 @@ impl Router {
         let policy = self.snapshot.load().tenant(scope.tenant).policy.clone();
         let (now_ns, max_age) = (now.as_nanos(), policy.load_balancing.stats_max_age_nanos());
         let serving = s.serving(now_ns, policy.ttl_nanos(), candidates);
+        // An engine serves every scope registered at its address: the work this
+        // fleet queued there is the sum over those scopes, whoever's tenant it is.
+        let others: Vec<_> = self
+            .index
+            .fleet_scopes()
+            .into_iter()
+            .filter(|o| !Arc::ptr_eq(o, &s))
+            .collect();
         (0..serving.len())
             .filter_map(|m| serving.replica(m))
             .map(|r| {
@@ -398,15 +410,26 @@ impl Router {
                 } else {
                     None
                 };
-                Pressure {
-                    engine_waiting: load.engine_waiting(now_ns, max_age),
-                    sent_since_report: if fresh {
-                        load.sent_since_report()
+                let sent = |l: &crate::load::ReplicaLoad| {
+                    if fresh {
+                        l.sent_since_report()
                     } else {
-                        load.inflight_requests()
-                    },
+                        l.inflight_requests()
+                    }
+                };
+                let mut pressure = Pressure {
+                    engine_waiting: load.engine_waiting(now_ns, max_age),
+                    sent_since_report: sent(load),
                     kv_usage,
+                    backlog_tokens: load.inflight_tokens(),
+                };
+                if let Some(endpoint) = r.endpoint() {
+                    for live in others.iter().flat_map(|o| o.loads_at(endpoint)) {
+                        pressure.sent_since_report += sent(&live.load);
+                        pressure.backlog_tokens += live.load.inflight_tokens();
+                    }
                 }
+                pressure
             })
             .collect()
     }

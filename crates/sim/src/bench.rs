@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// duration); without it the server's default (1s).
     #[arg(long, value_name = "DURATION")]
     pub flow_max_queue_wait: Option<String>,
+    /// The `inferencecache-flow` row's `spec.flowControl.maxPrefillBacklogTokens`
+    /// (0: only the request-count and KV bounds); without it the server's default.
+    #[arg(long, value_name = "TOKENS")]
+    pub flow_backlog_tokens: Option<u64>,
     /// Where results.md, results.json and chart.svg (and the logs) go.
     #[arg(long, default_value = "target/bench-routing")]
     pub out: PathBuf,
@@ -131,16 +135,17 @@ pub const TUNED_POLICY_SPEC: &str =
     "{ minimumMatchedTokens: 320, strategy: { enableTenantHot: false } }";
 
 /// The `inferencecache-flow` row's CachePolicy spec: the default policy with flow
-/// control on, at its defaults (hold up to 1 s, up to 1024 requests) unless
-/// `max_queue_wait` is given.
-pub fn flow_policy_spec(max_queue_wait: Option<&str>) -> String {
-    match max_queue_wait {
-        Some(wait) => format!(
-            "{{ flowControl: {{ enabled: true, maxQueueWait: {} }} }}",
-            json!(wait)
-        ),
-        None => "{ flowControl: { enabled: true } }".to_string(),
+/// control on, at its defaults (hold up to 1 s, up to 1024 requests, the default
+/// prefill backlog bound) unless `max_queue_wait` or `backlog_tokens` is given.
+pub fn flow_policy_spec(max_queue_wait: Option<&str>, backlog_tokens: Option<u64>) -> String {
+    let mut flow = json!({ "enabled": true });
+    if let Some(wait) = max_queue_wait {
+        flow["maxQueueWait"] = json!(wait);
     }
+    if let Some(tokens) = backlog_tokens {
+        flow["maxPrefillBacklogTokens"] = json!(tokens);
+    }
+    json!({ "flowControl": flow }).to_string()
 }
 
 /// One running sidecar.
@@ -254,7 +259,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             &engines,
             &tenants,
             tenant_count,
-            &flow_policy_spec(args.flow_max_queue_wait.as_deref()),
+            &flow_policy_spec(
+                args.flow_max_queue_wait.as_deref(),
+                args.flow_backlog_tokens,
+            ),
             args.cache_policy.as_ref(),
             args.tokenizer.as_deref(),
             args.scrape_interval.as_deref(),

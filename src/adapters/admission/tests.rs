@@ -577,6 +577,15 @@ fn policy_flow_control_wait_is_a_positive_duration_and_the_bound_at_least_one() 
         json!({"flowControl": {"maxQueuedRequests": 0}}),
     );
     assert!(m.contains("flowControl.maxQueuedRequests"), "{m}");
+    admitted(
+        "CachePolicy",
+        json!({"flowControl": {"maxPrefillBacklogTokens": 0}}),
+    );
+    let m = denied(
+        "CachePolicy",
+        json!({"flowControl": {"maxPrefillBacklogTokens": -1}}),
+    );
+    assert!(m.contains("flowControl.maxPrefillBacklogTokens"), "{m}");
 }
 
 #[test]

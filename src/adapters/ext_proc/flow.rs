@@ -217,7 +217,7 @@ impl FlowGate {
         if !queued_before
             && !all_saturated(
                 self.router.pressures(scope, candidates, now),
-                &self.thresholds,
+                &self.thresholds.with_backlog(fc.max_backlog_tokens),
             )
         {
             return Gate::Pass;
@@ -302,6 +302,7 @@ impl FlowGate {
     /// Expires and releases what is due; the pump's next wait (`None`: nothing
     /// held, wait for a wake-up only).
     pub fn pump_once(&self, now: Timestamp) -> Option<Duration> {
+        let snapshot = self.router.snapshot();
         let mut queues = self.queues.lock();
         for (model, mq) in queues.iter_mut() {
             for t in mq.queue.expire(now) {
@@ -317,9 +318,14 @@ impl FlowGate {
                     continue;
                 };
                 let scope = ScopeRef::new(&w.tenant, model, &w.hash_scheme);
+                let backlog = snapshot
+                    .tenant(&w.tenant)
+                    .policy
+                    .flow_control
+                    .max_backlog_tokens;
                 if all_saturated(
                     self.router.pressures(scope, &w.candidates, now),
-                    &self.thresholds,
+                    &self.thresholds.with_backlog(backlog),
                 ) {
                     break;
                 }

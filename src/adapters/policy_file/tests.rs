@@ -577,9 +577,12 @@ fn flow_control_loads_from_yaml_with_defaults_and_bad_values_are_named() {
     assert!(!fc.enabled);
     assert_eq!(fc.max_queue_wait, Duration::from_secs(1));
     assert_eq!(fc.max_queued, 1024);
+    assert_eq!(fc.max_backlog_tokens, 2048);
     dir.write(
         "p.yaml",
-        &policy("{flowControl: {enabled: true, maxQueueWait: 250ms, maxQueuedRequests: 7}}"),
+        &policy(
+            "{flowControl: {enabled: true, maxQueueWait: 250ms, maxQueuedRequests: 7, maxPrefillBacklogTokens: 0}}",
+        ),
     );
     let fc = load(dir.path())
         .unwrap()
@@ -590,6 +593,18 @@ fn flow_control_loads_from_yaml_with_defaults_and_bad_values_are_named() {
     assert!(fc.enabled);
     assert_eq!(fc.max_queue_wait, Duration::from_millis(250));
     assert_eq!(fc.max_queued, 7);
+    assert_eq!(fc.max_backlog_tokens, 0, "0 leaves the backlog bound out");
+    let e = load_err(&[
+        ("t.yaml", TENANT),
+        (
+            "p.yaml",
+            &policy("{flowControl: {maxPrefillBacklogTokens: -1}}"),
+        ),
+    ]);
+    assert!(
+        e.contains("spec.flowControl.maxPrefillBacklogTokens: -1 is below the minimum 0"),
+        "{e}"
+    );
     let e = load_err(&[
         ("t.yaml", TENANT),
         ("p.yaml", &policy("{flowControl: {maxQueueWait: 0s}}")),

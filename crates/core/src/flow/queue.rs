@@ -9,9 +9,11 @@
 //! claiming the service it did not use. Tenants not in `Fairness` mode share one
 //! first-come, first-served lane of the band (weight 1, FIFO by arrival).
 //!
-//! A request removed before its turn (cancel, timeout, eviction) leaves its tags
-//! behind in its tenant's later requests: the tenant is charged for it once more,
-//! a small and bounded unfairness accepted so removal stays O(tenant queue).
+//! A request removed before its turn (cancel, timeout, eviction) is refunded:
+//! its tenant's later requests move their tags back by its cost (never behind
+//! the band clock, nor behind the finish of the tenant's last released request),
+//! so a tenant whose requests time out under overload is charged exactly for
+//! what it was served. Removal is O(tenant queue).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -99,6 +101,39 @@ struct Entry {
 struct Lane {
     entries: VecDeque<Entry>,
     last_finish: u128,
+    /// The finish tag of the lane's last released request: what the tenant has
+    /// been served up to. A refund never moves a tag below it.
+    served_finish: u128,
+}
+
+impl Lane {
+    /// Takes `ticket` out of the lane and moves the later requests' tags back by
+    /// its cost, each keeping its own cost, none starting before `clock` or
+    /// before its predecessor's finish.
+    fn refund(&mut self, ticket: Ticket, clock: u128) {
+        let Some(i) = self.entries.iter().position(|e| e.ticket == ticket) else {
+            return;
+        };
+        let Some(removed) = self.entries.remove(i) else {
+            return;
+        };
+        let cost = removed.finish - removed.start;
+        let mut floor = match i.checked_sub(1).and_then(|p| self.entries.get(p)) {
+            Some(prev) => prev.finish,
+            None => clock.max(self.served_finish),
+        };
+        for e in self.entries.iter_mut().skip(i) {
+            let own = e.finish - e.start;
+            e.start = e.start.saturating_sub(cost).max(clock).max(floor);
+            e.finish = e.start + own;
+            floor = e.finish;
+        }
+        self.last_finish = match self.entries.back() {
+            Some(last) => last.finish,
+            // Emptied: charged up to where the removed request started.
+            None => removed.start,
+        };
+    }
 }
 
 #[derive(Debug, Default)]
@@ -257,6 +292,7 @@ impl FlowQueue {
         let key = key.clone();
         let lane = band.lanes.get_mut(&key)?;
         let entry = lane.entries.pop_front()?;
+        lane.served_finish = entry.finish;
         band.clock = band.clock.max(entry.start);
         self.forget(entry.ticket, priority);
         Some(Held {
@@ -272,12 +308,11 @@ impl FlowQueue {
             return false;
         };
         let (priority, key) = (loc.priority, loc.lane.clone());
-        if let Some(lane) = self
-            .bands
-            .get_mut(&Reverse(priority))
-            .and_then(|b| b.lanes.get_mut(&key))
-        {
-            lane.entries.retain(|e| e.ticket != ticket);
+        if let Some(band) = self.bands.get_mut(&Reverse(priority)) {
+            let clock = band.clock;
+            if let Some(lane) = band.lanes.get_mut(&key) {
+                lane.refund(ticket, clock);
+            }
         }
         self.forget(ticket, priority);
         true

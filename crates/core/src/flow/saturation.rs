@@ -1,11 +1,20 @@
 //! When is the fleet above capacity: the predicate that turns flow control on.
 //!
-//! A replica is saturated when the work queued at its engine — the engine's own
-//! waiting count plus what this fleet sent it since that report — reaches
-//! `max_waiting`, or when its KV cache is nearly full (`kv_usage_limit`) while
-//! anything waits there (a full cache with nothing waiting is a warm cache, not a
-//! busy one). Flow control holds a request only when every eligible replica is
-//! saturated: one replica with room means the decision sends it there as always.
+//! A replica is saturated when any of three bounds is reached:
+//!
+//! - **prefill backlog**: the uncached prompt tokens this fleet sent it whose
+//!   prefill has not ended reach `max_backlog_tokens`. This is the bound that
+//!   engages first under load: it measures queued *work*, so a few long prompts
+//!   count as much as many short ones, and it is known the moment a request is
+//!   routed, not a scrape later;
+//! - **waiting requests**: the engine's own waiting count plus what this fleet
+//!   sent it since that report reaches `max_waiting` (traffic from outside the
+//!   fleet shows only here);
+//! - **KV cache**: nearly full (`kv_usage_limit`) while anything waits there (a
+//!   full cache with nothing waiting is a warm cache, not a busy one).
+//!
+//! Flow control holds a request only when every eligible replica is saturated:
+//! one replica with room means the decision sends it there as always.
 
 /// The load of one eligible replica, as the adapter reads it from the core's
 /// load signals.
@@ -18,6 +27,8 @@ pub struct Pressure {
     pub sent_since_report: u64,
     /// The engine's KV cache usage 0..1, when reported.
     pub kv_usage: Option<f64>,
+    /// Uncached prompt tokens the fleet routed there whose prefill has not ended.
+    pub backlog_tokens: u64,
 }
 
 /// The saturation thresholds.
@@ -25,6 +36,19 @@ pub struct Pressure {
 pub struct Thresholds {
     pub max_waiting: u64,
     pub kv_usage_limit: f64,
+    /// The prefill backlog bound, tokens; 0 leaves it out.
+    pub max_backlog_tokens: u64,
+}
+
+impl Thresholds {
+    /// The defaults with the policy's prefill backlog bound
+    /// (`spec.flowControl.maxPrefillBacklogTokens`).
+    pub fn with_backlog(self, max_backlog_tokens: u64) -> Self {
+        Self {
+            max_backlog_tokens,
+            ..self
+        }
+    }
 }
 
 impl Default for Thresholds {
@@ -32,6 +56,7 @@ impl Default for Thresholds {
         Self {
             max_waiting: 8,
             kv_usage_limit: 0.95,
+            max_backlog_tokens: crate::policy::FlowControl::DEFAULT_MAX_BACKLOG_TOKENS,
         }
     }
 }
@@ -44,6 +69,7 @@ impl Pressure {
     pub fn is_saturated(&self, t: &Thresholds) -> bool {
         let waiting = self.waiting();
         waiting >= t.max_waiting
+            || (t.max_backlog_tokens > 0 && self.backlog_tokens >= t.max_backlog_tokens)
             || (waiting > 0 && self.kv_usage.is_some_and(|u| u >= t.kv_usage_limit))
     }
 }

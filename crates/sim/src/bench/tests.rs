@@ -80,7 +80,7 @@ fn the_policy_file_names_every_engine_and_parses() {
         &engines,
         &tenants(&Router::ALL),
         1,
-        &flow_policy_spec(None),
+        &flow_policy_spec(None, None),
         None,
         None,
         None,
@@ -119,7 +119,7 @@ fn the_policy_file_names_every_engine_and_parses() {
         &engines,
         &tenants,
         1,
-        &flow_policy_spec(None),
+        &flow_policy_spec(None, None),
         None,
         None,
         Some("250ms"),
@@ -148,7 +148,7 @@ fn several_tenants_get_a_namespace_each_with_their_weight_and_the_flow_row_its_p
         &engines,
         &tenants(&routers),
         3,
-        &flow_policy_spec(Some("150ms")),
+        &flow_policy_spec(Some("150ms"), Some(1500)),
         None,
         None,
         None,
@@ -177,6 +177,7 @@ fn several_tenants_get_a_namespace_each_with_their_weight_and_the_flow_row_its_p
                     view.policy.flow_control.max_queue_wait,
                     Duration::from_millis(150)
                 );
+                assert_eq!(view.policy.flow_control.max_backlog_tokens, 1500);
             }
         }
     }
@@ -185,7 +186,7 @@ fn several_tenants_get_a_namespace_each_with_their_weight_and_the_flow_row_its_p
         &engines,
         &tenants(&routers),
         1,
-        &flow_policy_spec(None),
+        &flow_policy_spec(None, None),
         None,
         None,
         None,

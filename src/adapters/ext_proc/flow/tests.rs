@@ -34,6 +34,7 @@ fn flow_policy(max_queued: u32, max_wait: Duration) -> ResolvedPolicy {
             enabled: true,
             max_queue_wait: max_wait,
             max_queued,
+            max_backlog_tokens: FlowControl::DEFAULT_MAX_BACKLOG_TOKENS,
         },
         ..ResolvedPolicy::default()
     }
@@ -122,6 +123,7 @@ fn mk_service(router: Arc<Router>, saturation: Thresholds) -> ExtProc {
 const ONE_IN_FLIGHT: Thresholds = Thresholds {
     max_waiting: 1,
     kv_usage_limit: 0.95,
+    max_backlog_tokens: 0,
 };
 
 fn report(router: &Router, tenant: &str, replica: &str, address: &str, waiting: u32) {
@@ -165,13 +167,19 @@ impl Client {
     }
 
     fn send_headers(&self, tenant: &str, extra: &[(&str, &str)]) {
-        let chain = format_chain(&CHAIN);
+        self.send_chain(tenant, &CHAIN, extra);
+    }
+
+    /// A request for `chain` (16 tokens a block).
+    fn send_chain(&self, tenant: &str, chain: &[u64], extra: &[(&str, &str)]) {
+        let counts = vec!["16"; chain.len()].join(",");
+        let chain = format_chain(chain);
         let mut pairs = vec![
             (TENANT, tenant),
             (MODEL, "llama"),
             (HASH_SCHEME, "vllm"),
             (BLOCK_HASHES, chain.as_str()),
-            (BLOCK_TOKEN_COUNTS, "16,16,16,16"),
+            (BLOCK_TOKEN_COUNTS, counts.as_str()),
         ];
         pairs.extend_from_slice(extra);
         let headers = pairs
@@ -354,6 +362,45 @@ async fn a_held_request_goes_to_the_replica_that_frees() {
     assert!(queued >= 200, "{queued}");
     assert!(removed(&r, PRIORITY), "the priority is not the engine's");
     assert_eq!(svc.flow.held(), 0);
+}
+
+#[tokio::test]
+async fn a_prefill_backlog_saturates_before_the_engines_queue_grows() {
+    // No engine reports and far fewer than 8 requests: only the prefill backlog
+    // bound can saturate. Each request brings 64 uncached tokens (a chain the
+    // replica does not hold); the bound is 64, so one request fills it. The
+    // second tenant is served by the same engine: the first one's backlog
+    // there saturates it for both.
+    for bound in [64, 0] {
+        let mut policy = flow_policy(8, Duration::from_secs(30));
+        policy.flow_control.max_backlog_tokens = bound;
+        let router = mk_router(&[("acme", None), ("beta", None)], &THREE[..1], policy);
+        let svc = mk_service(router, Thresholds::default());
+        let (mut c1, mut c2) = (Client::open(&svc), Client::open(&svc));
+        c1.send_chain("acme", &[0xa1, 0xa2, 0xa3, 0xa4], &[]);
+        let d1 = c1.decision().await;
+        assert_eq!(
+            header(&d1, DEFAULT_DESTINATION_HEADER).as_deref(),
+            Some("127.0.0.1:8001")
+        );
+        c2.send_chain("beta", &[0xc1, 0xc2, 0xc3, 0xc4], &[]);
+        if bound == 0 {
+            let r = c2.next().await;
+            assert!(r.response.is_some(), "the bound is off: decided at once");
+            assert_eq!(svc.flow.held(), 0);
+            continue;
+        }
+        until_held(&svc, 1).await;
+        assert!(c2.silent_for(Duration::from_millis(100)).await);
+        // c1's response begins: its prefill is done, the engine has room again.
+        c1.respond();
+        let r = c2.decision().await;
+        assert_eq!(
+            header(&r, DEFAULT_DESTINATION_HEADER).as_deref(),
+            Some("127.0.0.1:8001")
+        );
+        assert_eq!(svc.flow.held(), 0);
+    }
 }
 
 #[tokio::test]

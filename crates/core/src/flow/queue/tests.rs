@@ -93,6 +93,74 @@ fn weights_share_tokens_one_to_three_under_backlog() {
 }
 
 #[test]
+fn requests_removed_before_their_turn_are_not_charged() {
+    // Under overload the lighter tenant's requests time out (or their clients
+    // leave) while they wait: half of them here. It is still served a quarter
+    // of the tokens, as its weight says, not less for what it never got.
+    let mut q = FlowQueue::new(limits(100_000, 60_000));
+    let mut owner = HashMap::new();
+    let mut doomed = Vec::new();
+    for i in 0..2000 {
+        let t = held(q.enqueue(
+            Request {
+                priority: 0,
+                tenant: "light",
+                fair_weight: Some(1),
+                tokens: 400,
+            },
+            T0,
+        ));
+        owner.insert(t, "light");
+        if i % 2 == 1 {
+            doomed.push(t);
+        }
+        let t = held(q.enqueue(
+            Request {
+                priority: 0,
+                tenant: "heavy",
+                fair_weight: Some(3),
+                tokens: 400,
+            },
+            T0,
+        ));
+        owner.insert(t, "heavy");
+    }
+    let mut served: HashMap<&str, u64> = HashMap::new();
+    for round in 0..1200 {
+        if round % 10 == 0 {
+            // A few of the doomed leave between releases, oldest first.
+            for t in doomed.drain(..doomed.len().min(40)) {
+                assert!(q.cancel(t));
+            }
+        }
+        let h = q.release(T0).unwrap();
+        *served.entry(owner[&h.ticket]).or_default() += 400;
+    }
+    let ratio = served["heavy"] as f64 / served["light"] as f64;
+    assert!((2.7..=3.3).contains(&ratio), "heavy:light = {ratio}");
+}
+
+#[test]
+fn a_flood_whose_requests_time_out_keeps_what_it_was_served_charged() {
+    // A flooding tenant is served one request, then its next waiting request
+    // times out: the refund must not wipe what it was served, so a tenant of
+    // the same weight arriving now goes before the flood's next request.
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let req = |tenant| Request {
+        priority: 0,
+        tenant,
+        fair_weight: Some(1),
+        tokens: 2000,
+    };
+    let flood: Vec<Ticket> = (0..50).map(|_| held(q.enqueue(req("flood"), T0))).collect();
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(flood[0]));
+    assert!(q.cancel(flood[1]), "timed out");
+    let victim = held(q.enqueue(req("victim"), T0));
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(victim));
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(flood[2]));
+}
+
+#[test]
 fn fifo_lane_ignores_tenant_and_weight() {
     let mut q = FlowQueue::new(limits(10, 1000));
     let a = held(q.enqueue(

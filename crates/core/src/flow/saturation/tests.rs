@@ -5,6 +5,7 @@ fn p(engine_waiting: u64, sent: u64, kv: Option<f64>) -> Pressure {
         engine_waiting,
         sent_since_report: sent,
         kv_usage: kv,
+        backlog_tokens: 0,
     }
 }
 
@@ -30,4 +31,21 @@ fn one_replica_with_room_means_not_saturated() {
     assert!(all_saturated([p(9, 0, None), p(0, 9, None)], &t));
     assert!(!all_saturated([p(9, 0, None), p(0, 1, None)], &t));
     assert!(!all_saturated(std::iter::empty(), &t));
+}
+
+#[test]
+fn a_prefill_backlog_saturates_alone_and_zero_leaves_the_bound_out() {
+    let t = Thresholds::default().with_backlog(4096);
+    let backlog = |tokens| Pressure {
+        backlog_tokens: tokens,
+        ..p(0, 1, None)
+    };
+    assert!(!backlog(4095).is_saturated(&t));
+    assert!(backlog(4096).is_saturated(&t));
+    let off = t.with_backlog(0);
+    assert!(!backlog(1 << 40).is_saturated(&off));
+    assert!(
+        p(8, 0, None).is_saturated(&off),
+        "the count bound still applies"
+    );
 }
