@@ -10,10 +10,10 @@
 //! first-come, first-served lane of the band (weight 1, FIFO by arrival).
 //!
 //! A request removed before its turn (cancel, timeout, eviction) is refunded:
-//! its tenant's later requests move their tags back by its cost (never behind
-//! the band clock, nor behind the finish of the tenant's last released request),
-//! so a tenant whose requests time out under overload is charged exactly for
-//! what it was served. Removal is O(tenant queue).
+//! its tenant's later requests are retagged as if it had never been enqueued,
+//! so a tenant whose requests time out under overload is charged only for what
+//! it was served, and keeps its place (its head's start tag does not move up
+//! to the band clock). Removal is O(tenant queue).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -101,36 +101,34 @@ struct Entry {
 struct Lane {
     entries: VecDeque<Entry>,
     last_finish: u128,
-    /// The finish tag of the lane's last released request: what the tenant has
-    /// been served up to. A refund never moves a tag below it.
-    served_finish: u128,
 }
 
 impl Lane {
-    /// Takes `ticket` out of the lane and moves the later requests' tags back by
-    /// its cost, each keeping its own cost, none starting before `clock` or
-    /// before its predecessor's finish.
-    fn refund(&mut self, ticket: Ticket, clock: u128) {
+    /// Takes `ticket` out of the lane and retags the later requests as if it had
+    /// never been enqueued: a request whose start was its predecessor's finish
+    /// (the lane was backlogged) starts where its new predecessor finishes now,
+    /// the first of them where the removed one started; a request that started
+    /// at the band clock (the lane was idle before it) keeps its tags.
+    fn refund(&mut self, ticket: Ticket) {
         let Some(i) = self.entries.iter().position(|e| e.ticket == ticket) else {
             return;
         };
         let Some(removed) = self.entries.remove(i) else {
             return;
         };
-        let cost = removed.finish - removed.start;
-        let mut floor = match i.checked_sub(1).and_then(|p| self.entries.get(p)) {
-            Some(prev) => prev.finish,
-            None => clock.max(self.served_finish),
-        };
+        let (mut old_prev_finish, mut new_prev_finish) = (removed.finish, removed.start);
         for e in self.entries.iter_mut().skip(i) {
+            if e.start != old_prev_finish {
+                break;
+            }
             let own = e.finish - e.start;
-            e.start = e.start.saturating_sub(cost).max(clock).max(floor);
+            old_prev_finish = e.finish;
+            e.start = new_prev_finish;
             e.finish = e.start + own;
-            floor = e.finish;
+            new_prev_finish = e.finish;
         }
         self.last_finish = match self.entries.back() {
             Some(last) => last.finish,
-            // Emptied: charged up to where the removed request started.
             None => removed.start,
         };
     }
@@ -292,7 +290,6 @@ impl FlowQueue {
         let key = key.clone();
         let lane = band.lanes.get_mut(&key)?;
         let entry = lane.entries.pop_front()?;
-        lane.served_finish = entry.finish;
         band.clock = band.clock.max(entry.start);
         self.forget(entry.ticket, priority);
         Some(Held {
@@ -308,11 +305,12 @@ impl FlowQueue {
             return false;
         };
         let (priority, key) = (loc.priority, loc.lane.clone());
-        if let Some(band) = self.bands.get_mut(&Reverse(priority)) {
-            let clock = band.clock;
-            if let Some(lane) = band.lanes.get_mut(&key) {
-                lane.refund(ticket, clock);
-            }
+        if let Some(lane) = self
+            .bands
+            .get_mut(&Reverse(priority))
+            .and_then(|b| b.lanes.get_mut(&key))
+        {
+            lane.refund(ticket);
         }
         self.forget(ticket, priority);
         true

@@ -402,3 +402,51 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
+    // Releases at a fixed pace; requests time out after 14 releases. Two
+    // tenants of weights 1 and 3 each offered 1.15 requests per release share
+    // the releases 1:3; a tenant of weight 1 offered 0.1 per release beside a
+    // flood of 2 per release is served all it asks.
+    let run = |streams: &[(&'static str, u32, f64)]| {
+        let mut q = FlowQueue::new(limits(100_000, 14));
+        let mut owner = HashMap::new();
+        let mut served: HashMap<&str, u64> = HashMap::new();
+        let mut offered: HashMap<&str, u64> = HashMap::new();
+        let mut acc = vec![0.0; streams.len()];
+        for tick in 0..20_000u64 {
+            let now = Timestamp(T0.0 + tick * 1_000_000);
+            for (k, &(tenant, weight, rate)) in streams.iter().enumerate() {
+                acc[k] += rate;
+                while acc[k] >= 1.0 {
+                    acc[k] -= 1.0;
+                    let t = held(q.enqueue(
+                        Request {
+                            priority: 0,
+                            tenant,
+                            fair_weight: Some(weight),
+                            tokens: 2176,
+                        },
+                        now,
+                    ));
+                    owner.insert(t, tenant);
+                    *offered.entry(tenant).or_default() += 1;
+                }
+            }
+            q.expire(now);
+            if let Some(h) = q.release(now) {
+                *served.entry(owner[&h.ticket]).or_default() += 1;
+            }
+        }
+        (served, offered)
+    };
+    let (served, _) = run(&[("light", 1, 1.15), ("heavy", 3, 1.15)]);
+    let ratio = served["heavy"] as f64 / served["light"] as f64;
+    assert!((2.9..=3.1).contains(&ratio), "{served:?}");
+    let (served, offered) = run(&[("victim", 1, 0.1), ("flood", 1, 2.0)]);
+    assert!(
+        served["victim"] >= offered["victim"] - 1,
+        "{served:?} of {offered:?}"
+    );
+}
