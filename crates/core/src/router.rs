@@ -4,7 +4,7 @@
 //! complete new snapshot; every request reads exactly one snapshot (`ArcSwap`
 //! load, no lock), so a reload never tears a decision.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -389,12 +389,20 @@ impl Router {
         let serving = s.serving(now_ns, policy.ttl_nanos(), candidates);
         // An engine serves every scope registered at its address: the work this
         // fleet queued there is the sum over those scopes, whoever's tenant it is.
-        let others: Vec<_> = self
-            .index
-            .fleet_scopes()
-            .into_iter()
-            .filter(|o| !Arc::ptr_eq(o, &s))
-            .collect();
+        // One pass over the other scopes' replicas (O(scopes × replicas)).
+        let mut elsewhere: HashMap<Arc<str>, OtherScopes> = HashMap::new();
+        for other in self.index.fleet_scopes() {
+            if Arc::ptr_eq(&other, &s) {
+                continue;
+            }
+            other.for_each_endpoint(|endpoint, live| {
+                let l = &live.load;
+                let e = elsewhere.entry(endpoint.clone()).or_default();
+                e.since_report += l.sent_since_report();
+                e.inflight += l.inflight_requests();
+                e.backlog_tokens += l.inflight_tokens();
+            });
+        }
         (0..serving.len())
             .filter_map(|m| serving.replica(m))
             .map(|r| {
@@ -410,26 +418,21 @@ impl Router {
                 } else {
                     None
                 };
-                let sent = |l: &crate::load::ReplicaLoad| {
-                    if fresh {
-                        l.sent_since_report()
-                    } else {
-                        l.inflight_requests()
-                    }
-                };
-                let mut pressure = Pressure {
+                let other = r
+                    .endpoint()
+                    .and_then(|e| elsewhere.get(e))
+                    .copied()
+                    .unwrap_or_default();
+                Pressure {
                     engine_waiting: load.engine_waiting(now_ns, max_age),
-                    sent_since_report: sent(load),
+                    sent_since_report: if fresh {
+                        load.sent_since_report() + other.since_report
+                    } else {
+                        load.inflight_requests() + other.inflight
+                    },
                     kv_usage,
-                    backlog_tokens: load.inflight_tokens(),
-                };
-                if let Some(endpoint) = r.endpoint() {
-                    for live in others.iter().flat_map(|o| o.loads_at(endpoint)) {
-                        pressure.sent_since_report += sent(&live.load);
-                        pressure.backlog_tokens += live.load.inflight_tokens();
-                    }
+                    backlog_tokens: load.inflight_tokens() + other.backlog_tokens,
                 }
-                pressure
             })
             .collect()
     }
@@ -473,4 +476,13 @@ impl Router {
         let _control = self.control.lock();
         super::selftest::run(&self.index, &self.snapshot.load(), now)
     }
+}
+
+/// What the other scopes registered at one address hold there: their routes
+/// since the engine's report, in flight, and their prefill backlog.
+#[derive(Clone, Copy, Debug, Default)]
+struct OtherScopes {
+    since_report: u64,
+    inflight: u64,
+    backlog_tokens: u64,
 }

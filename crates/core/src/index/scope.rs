@@ -990,19 +990,14 @@ impl ScopeIndex {
     }
 
     /// Each serving member's live load and endpoint (members without one left out).
-    /// The load cells of this scope's replicas at `endpoint` (one, unless two
-    /// replica ids share an address).
-    pub(crate) fn loads_at<'a>(
-        &self,
-        endpoint: &'a str,
-    ) -> impl Iterator<Item = Arc<ReplicaLive>> + use<'a> {
-        let table = self.table.load_full();
-        let lives: SmallVec<[Arc<ReplicaLive>; 2]> = table
-            .iter()
-            .filter(|(_, r)| r.endpoint().is_some_and(|e| &**e == endpoint))
-            .map(|(_, r)| r.live.clone())
-            .collect();
-        lives.into_iter()
+    /// Every replica of this scope with an address, and its live values.
+    pub(crate) fn for_each_endpoint(&self, mut f: impl FnMut(&Arc<str>, &ReplicaLive)) {
+        let table = self.table.load();
+        for (_, r) in table.iter() {
+            if let Some(e) = r.endpoint() {
+                f(e, &r.live);
+            }
+        }
     }
 
     pub(crate) fn serving_endpoints(&self, serving: &ServingSet) -> Vec<(u64, Arc<str>)> {
