@@ -989,7 +989,6 @@ impl ScopeIndex {
             .collect()
     }
 
-    /// Each serving member's live load and endpoint (members without one left out).
     /// Every replica of this scope with an address, and its live values.
     pub(crate) fn for_each_endpoint(&self, mut f: impl FnMut(&Arc<str>, &ReplicaLive)) {
         let table = self.table.load();
@@ -1000,6 +999,7 @@ impl ScopeIndex {
         }
     }
 
+    /// Each serving member's live load and endpoint (members without one left out).
     pub(crate) fn serving_endpoints(&self, serving: &ServingSet) -> Vec<(u64, Arc<str>)> {
         (0..serving.len())
             .filter_map(|m| serving.replica(m))
