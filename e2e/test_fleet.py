@@ -5,7 +5,6 @@ killed peer's routes go within 3 s, a cleanly stopped peer's at once, and
 forged or garbage messages change nothing."""
 
 import concurrent.futures
-import json
 import pathlib
 import secrets
 import shutil
@@ -277,9 +276,12 @@ def test_a_cleanly_stopped_peers_routes_go_at_once(fleet):
 
 
 def _routed(peer, epoch, seq, route, replica="replica-b", tokens=5000):
-    return json.dumps({"v": 1, "peer": peer, "epoch": epoch, "seq": seq, "fact": {
-        "t": "routed", "route": route, "scope": [TENANT, MODEL, SCHEME],
-        "replica": replica, "uncached_tokens": tokens}}).encode()
+    """A routed fact as the sidecars encode it (protobuf, format version 2)."""
+    w = cachewire
+    routed = (w._field(1, 0, w._varint(route)) + w._string(2, TENANT) + w._string(3, MODEL)
+              + w._string(4, SCHEME) + w._string(5, replica) + w._field(6, 0, w._varint(tokens)))
+    return (w._field(1, 0, w._varint(2)) + w._string(2, peer) + w._field(3, 0, w._varint(epoch))
+            + w._field(4, 0, w._varint(seq)) + w._bytes_field(5, routed))
 
 
 def test_forged_and_garbage_messages_change_nothing(fleet):
@@ -296,8 +298,8 @@ def test_forged_and_garbage_messages_change_nothing(fleet):
         # s1's name and subject, an epoch older than its real one (the start's ns).
         (subject("s1"), _routed("s1", 1, 10**9, 2)),
         # Garbage, another version, oversized.
-        (subject("s1"), b"\x00\xffnot json"),
-        (subject("s1"), b'{"v":2,"peer":"s1","epoch":1,"seq":1,"fact":{"t":"heartbeat"}}'),
+        (subject("s1"), b"\x00\xffnot protobuf"),
+        (subject("s1"), cachewire._field(1, 0, cachewire._varint(3)) + cachewire._string(2, "s1")),
         (subject("s1"), b" " * 2000),
         # Not even a subject of a peer.
         (f"{f.name}.routes", _routed("s1", 1, 1, 3)),

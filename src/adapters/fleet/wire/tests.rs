@@ -31,8 +31,18 @@ fn every_fact_round_trips() {
 }
 
 #[test]
-fn a_routed_fact_is_small() {
-    assert!(encode(&routed()).len() < 200, "{}", encode(&routed()).len());
+fn facts_are_small() {
+    // A start's epoch is its time in nanoseconds: the widest varint it takes.
+    let msg = |fact| Message {
+        epoch: 1_800_000_000_000_000_000,
+        seq: 1_000_000,
+        fact,
+        ..routed()
+    };
+    let routed = encode(&msg(routed().fact)).len();
+    let ended = encode(&msg(Fact::PrefillEnded { route: 1 << 40 })).len();
+    assert!(routed <= 100, "routed: {routed} bytes");
+    assert!(ended <= 45, "prefill ended: {ended} bytes");
 }
 
 #[test]
@@ -42,33 +52,73 @@ fn oversized_messages_are_refused_before_parsing() {
     assert_eq!(decode(&bytes), Err(Refusal::Oversized));
 }
 
+fn envelope(fact: Option<WireFact>) -> Envelope {
+    Envelope {
+        v: VERSION,
+        peer: "a".into(),
+        epoch: 1,
+        seq: 1,
+        fact,
+    }
+}
+
+fn routed_wire(tenant: &str, model: &str, scheme: &str, replica: &str) -> Option<WireFact> {
+    Some(WireFact::Routed(Routed {
+        route: 1,
+        tenant: tenant.into(),
+        model: model.into(),
+        hash_scheme: scheme.into(),
+        replica: replica.into(),
+        uncached_tokens: 0,
+    }))
+}
+
 #[test]
 fn another_version_is_foreign_not_garbage() {
-    let bytes = br#"{"v":2,"peer":"a","whatever":[1,2]}"#;
-    assert_eq!(decode(bytes), Err(Refusal::ForeignVersion));
+    // A later version whose field 2 is no longer a string, and which adds a field.
+    let mut later = VersionOnly { v: VERSION + 1 }.encode_to_vec();
+    later.extend([0x10, 0x07, 0xfa, 0x01, 0x02, b'h', b'i']);
+    assert_eq!(decode(&later), Err(Refusal::ForeignVersion));
+    // The JSON format of version 1.
+    let json = br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"heartbeat"}}"#;
+    assert_eq!(decode(json), Err(Refusal::ForeignVersion));
+}
+
+#[test]
+fn fields_a_later_version_adds_are_skipped() {
+    let mut bytes = encode(&routed());
+    bytes.extend([0xfa, 0x01, 0x02, b'h', b'i']); // field 31, a string
+    assert_eq!(decode(&bytes), Ok(routed()));
 }
 
 #[test]
 fn garbage_is_malformed() {
-    let cases: [&[u8]; 10] = [
-        b"",
-        b"\xff\xfe",
-        b"null",
-        br#"{"v":1}"#,
-        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"exploded"}}"#,
-        br#"{"v":1,"peer":"a","epoch":-1,"seq":1,"fact":{"t":"heartbeat"}}"#,
-        br#"{"v":1,"peer":"","epoch":1,"seq":1,"fact":{"t":"heartbeat"}}"#,
-        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","m","s"],"replica":"","uncached_tokens":0}}"#,
-        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","","s"],"replica":"r","uncached_tokens":0}}"#,
-        br#"{"v":1,"peer":"a","epoch":1,"seq":1,"fact":{"t":"routed","route":1,"scope":["t","m"],"replica":"r","uncached_tokens":0}}"#,
+    let cases: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b"\xff\xfe".to_vec(),
+        b"\x00\xffnot protobuf".to_vec(),
+        // A version and nothing else; a fact cut short.
+        VersionOnly { v: VERSION }.encode_to_vec(),
+        envelope(None).encode_to_vec(),
+        {
+            let mut b = encode(&routed());
+            b.truncate(b.len() - 3);
+            b
+        },
+        // Field 2 (peer) as a varint, not a string.
+        vec![0x08, VERSION as u8, 0x10, 0x01],
+        Envelope {
+            peer: String::new(),
+            ..envelope(Some(WireFact::Heartbeat(Empty {})))
+        }
+        .encode_to_vec(),
+        envelope(routed_wire("t", "m", "s", "")).encode_to_vec(),
+        envelope(routed_wire("t", "", "s", "r")).encode_to_vec(),
+        envelope(routed_wire("", "m", "s", "r")).encode_to_vec(),
+        envelope(routed_wire("t", "m", "", "r")).encode_to_vec(),
     ];
     for bytes in cases {
-        assert_eq!(
-            decode(bytes),
-            Err(Refusal::Malformed),
-            "{:?}",
-            String::from_utf8_lossy(bytes)
-        );
+        assert_eq!(decode(&bytes), Err(Refusal::Malformed), "{bytes:?}");
     }
     let long = "r".repeat(MAX_ID_BYTES + 1);
     let msg = Message {
