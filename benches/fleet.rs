@@ -24,6 +24,7 @@ use inferencecache::adapters::fleet::subscriber::{Received, receive};
 use inferencecache::adapters::fleet::{self, FleetConfig, NatsAccess, wire};
 use inferencecache::core::Router;
 use inferencecache::core::index::{IndexConfig, IndexEvent, IngestBatch};
+use inferencecache::core::load::RouteFacts;
 use inferencecache::core::load::peer_ledger::{Fact, Message};
 use inferencecache::core::scope::ScopeRef;
 use inferencecache::core::snapshot::PolicySnapshot;
@@ -47,8 +48,9 @@ fn scope() -> ScopeRef<'static> {
     ScopeRef::new(SCOPE.0, SCOPE.1, SCOPE.2)
 }
 
-/// A router that knows the replica the peer routes to.
-fn receiver() -> Arc<Router> {
+/// A router that knows the replica the peer routes to; `join`: in a fleet as
+/// `b` with nowhere to publish (part 2 joins through the fleet adapter).
+fn receiver(join: bool) -> Arc<Router> {
     let router = Arc::new(Router::new(
         IndexConfig::default(),
         PolicySnapshot::empty(),
@@ -70,7 +72,20 @@ fn receiver() -> Arc<Router> {
             Timestamp::now(),
         )
         .expect("register the replica");
+    if join {
+        assert!(
+            router.join_fleet("b", Arc::new(Nowhere)),
+            "a new router joins once"
+        );
+    }
     router
+}
+
+/// The receiver's own routes go nowhere: only its peers' facts are measured.
+#[derive(Debug)]
+struct Nowhere;
+impl RouteFacts for Nowhere {
+    fn publish(&self, _: Fact) {}
 }
 
 /// One routed request's facts from peer `a`, numbered from `seq`.
@@ -97,7 +112,7 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
 }
 
 fn cpu_per_request(requests: usize) {
-    let router = receiver();
+    let router = receiver(true);
     let subjects = Subjects::new(FLEET);
     let subject = subjects.routes_of("a");
     let (mut encode_ns, mut receive_ns, mut bytes) = (0u128, 0u128, 0usize);
@@ -169,8 +184,9 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 fn print_lag(what: &str, mut lags: Vec<Duration>) {
     lags.sort();
     println!(
-        "  {what}: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs ({} samples)",
+        "  {what}: p50 {:.0} µs, p90 {:.0} µs, p99 {:.0} µs, max {:.0} µs ({} samples)",
         percentile(&lags, 0.5),
+        percentile(&lags, 0.9),
         percentile(&lags, 0.99),
         percentile(&lags, 1.0),
         lags.len()
@@ -185,6 +201,9 @@ async fn visible(router: &Router, tokens: u64, deadline: Duration) {
             start.elapsed() < deadline,
             "not visible within {deadline:?}"
         );
+        // Give the core to the subscriber and nats-server (two cores, three
+        // busy parties): a spinning waiter would be measured, not the sync.
+        std::thread::yield_now();
         tokio::task::yield_now().await;
     }
 }
@@ -213,7 +232,7 @@ async fn lag(server: &str, samples: usize) {
             }
         }
     };
-    let router = receiver();
+    let router = receiver(false);
     let config = FleetConfig {
         access: NatsAccess {
             url: url.clone(),
