@@ -240,6 +240,8 @@ async fn lag(server: &str, samples: usize) {
         },
         id: "b".into(),
         name: FLEET.into(),
+        relay_kv_events: false,
+        snapshot_interval: std::time::Duration::from_secs(30),
     };
     let sync = fleet::start(&config, router.clone(), Arc::new(FleetMetrics::default()))
         .await

@@ -201,6 +201,17 @@ pub struct ServeArgs {
     /// required then).
     #[arg(long, value_name = "PATH", requires = "fleet_nats")]
     pub fleet_nats_tls_ca: Option<PathBuf>,
+    /// With --fleet-nats: how engine KV events reach the sidecars. `stream`: one
+    /// sidecar per engine relays them through the fleet's JetStream stream,
+    /// every sidecar applies the stream, and a new sidecar starts from the
+    /// fleet's index snapshot. `direct`: each sidecar follows every engine
+    /// itself, as one alone does.
+    #[arg(long, value_name = "MODE", default_value = "stream", value_parser = ["stream", "direct"])]
+    pub fleet_kv_events: String,
+    /// With --fleet-kv-events stream: how often one sidecar writes the fleet's
+    /// index snapshot that new sidecars start from (Go-style duration).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_snapshot_interval)]
+    pub fleet_snapshot_interval: Duration,
 }
 
 /// Runs the server until a shutdown signal, then drains.
@@ -371,9 +382,10 @@ pub async fn run_until(
 
     // Engine KV event subscribers follow the declared replicas of whichever
     // snapshot is installed, from the file or from the cluster.
-    let subscribers = Arc::new(Subscribers::new(
+    let subscribers = Arc::new(Subscribers::with_relay(
         router.clone(),
         metrics.kv_events().clone(),
+        fleet_sync.as_ref().and_then(|f| f.kv_relay()),
     ));
     let follower = tokio::spawn(
         follow_snapshots(router.clone(), subscribers.clone())
@@ -599,7 +611,19 @@ fn fleet_config(args: &ServeArgs) -> Option<FleetConfig> {
         },
         id: args.fleet_id.clone().unwrap_or_else(fleet::default_id),
         name: args.fleet_name.clone(),
+        relay_kv_events: args.fleet_kv_events == "stream",
+        snapshot_interval: args.fleet_snapshot_interval,
     })
+}
+
+/// `--fleet-snapshot-interval`: a duration of at least one second.
+fn parse_snapshot_interval(s: &str) -> Result<Duration, String> {
+    let d = crate::core::policy::parse_duration(s)
+        .map_err(|_| format!("{s:?} is not a duration (examples: 30s, 1m)"))?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{s:?} is under the least interval, 1s"));
+    }
+    Ok(d)
 }
 
 /// `--lease-duration`: a Go-style duration of whole seconds, at least the minimum.

@@ -16,12 +16,28 @@
 //! `inferencecache_fleet_connected`); the client reconnects by itself and the
 //! peers' state rebuilds from their next messages.
 //!
-//! [`wire`] is the message format, [`subjects`] the subject names,
-//! [`transport`] the connection, [`publisher`] and [`subscriber`] the two
-//! directions, [`metrics`] what is counted.
+//! Engine KV events enter the fleet once, through JetStream: the sidecar
+//! holding an engine's lease relays what its ZMQ subscriber reads onto the
+//! stream `<fleet-name>-kv` ([`relay`]), every sidecar applies the stream to its
+//! index ([`index_stream`]), and one writes the fleet's index as a snapshot
+//! every `--fleet-snapshot-interval` ([`index_log`]), from which a new sidecar
+//! starts warm before it reads the stream on.
+//!
+//! ```text
+//!  engine ZMQ ─▶ subscriber (every sidecar) ─▶ relay: lease holder publishes (fenced)
+//!  stream <fleet>.kv.* ─▶ index_stream ─▶ Router::ingest + IndexLog ─▶ snapshot
+//! ```
+//!
+//! [`wire`] and [`kv_wire`] are the message formats, [`subjects`] the subject
+//! names, [`transport`] the connection, [`publisher`] and [`subscriber`] the two
+//! directions of the routing facts, [`metrics`] what is counted.
 
+pub mod index_log;
+pub mod index_stream;
+pub mod kv_wire;
 pub mod metrics;
 pub mod publisher;
+pub mod relay;
 pub mod subjects;
 pub mod subscriber;
 pub mod transport;
@@ -50,6 +66,11 @@ pub struct FleetConfig {
     pub id: String,
     /// The fleet's name: namespaces every subject.
     pub name: String,
+    /// Engine KV events through the fleet's stream (one relay per engine), or
+    /// each sidecar's own ZMQ subscription only.
+    pub relay_kv_events: bool,
+    /// How often the fleet's index snapshot is written.
+    pub snapshot_interval: Duration,
 }
 
 /// `--fleet-id` when not given: `$POD_NAME`, else `$HOSTNAME`, else the
@@ -73,6 +94,7 @@ pub struct FleetSync {
     leave: Leave,
     publisher: JoinHandle<()>,
     subscriber: JoinHandle<()>,
+    relay: Option<(relay::KvRelay, [JoinHandle<()>; 2])>,
 }
 
 /// Joins the fleet: checks the settings (a bad id, name or auth file is an
@@ -104,20 +126,44 @@ pub async fn start(
     let subscription = subscriber::subscribe(&client, &subjects).await?;
     let subscriber = tokio::spawn(subscriber::run(
         subscription,
-        router,
-        subjects,
+        router.clone(),
+        subjects.clone(),
         config.id.clone(),
-        metrics,
+        metrics.clone(),
     ));
-    tracing::info!(fleet = %config.name, id = %config.id, nats = %config.access.url, "fleet sync on");
+    let relay = config.relay_kv_events.then(|| {
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let (relay, publishing) =
+            relay::KvRelay::start(&config.id, epoch, subjects, client.clone(), metrics);
+        let stream = tokio::spawn(index_stream::run(
+            relay.shared().clone(),
+            router,
+            Arc::new(tokio::sync::Mutex::new(index_log::IndexLog::default())),
+            config.snapshot_interval,
+        ));
+        (relay, [publishing, stream])
+    });
+    tracing::info!(fleet = %config.name, id = %config.id, nats = %config.access.url,
+        relay_kv_events = config.relay_kv_events, "fleet sync on");
     Ok(FleetSync {
         leave,
         publisher,
         subscriber,
+        relay,
     })
 }
 
 impl FleetSync {
+    /// What the engine KV event subscribers offer their batches to (`None`
+    /// when each sidecar follows its engines on its own).
+    pub fn kv_relay(&self) -> Option<Arc<dyn crate::adapters::kv_events::relay::Relay>> {
+        self.relay
+            .as_ref()
+            .map(|(r, _)| Arc::new(r.clone()) as Arc<dyn crate::adapters::kv_events::relay::Relay>)
+    }
+
     /// Leaves the fleet: publishes Leave (the peers release this sidecar's
     /// routes at once) and stops, within `timeout`.
     pub async fn leave(self, timeout: Duration) {
@@ -127,12 +173,19 @@ impl FleetSync {
             publisher.abort();
         }
         self.subscriber.abort();
+        // The relay's tasks stop with the process: the KV subscribers, closed
+        // after this, still hand their engines' leases back.
     }
 
     /// Stops at once, without a word to the peers (they expire this sidecar).
     pub fn abort(&self) {
         self.publisher.abort();
         self.subscriber.abort();
+        if let Some((_, tasks)) = &self.relay {
+            for t in tasks {
+                t.abort();
+            }
+        }
     }
 }
 

@@ -5,13 +5,14 @@
 //!        subscriber (seq, warm start, replay, staleness)
 //!        ──payload──▶ decode (msgpack → EngineBatch)
 //!        ──EngineEvent──▶ translate (per replica, per hash scheme → IndexEvent)
-//!        ──▶ Router::ingest
+//!        ──▶ Router::ingest (or, in a fleet, relay: publish once for every sidecar)
 //! ```
 
 pub mod decode;
 pub mod frames;
 pub mod metrics;
 pub mod msgpack;
+pub mod relay;
 pub mod subscriber;
 pub mod supervisor;
 pub mod translate;

@@ -40,6 +40,23 @@ pub const DROP_REASONS: [&str; 13] = [
     "full",
 ];
 
+/// Why an engine KV batch was dropped, on either side.
+pub const KV_DROP_REASONS: [&str; 8] = [
+    // Publishing.
+    "queue_full",
+    "publish_error",
+    // Receiving: the wire format's refusals.
+    "oversized",
+    "foreign_version",
+    "malformed",
+    // Receiving: the body names another engine than its subject.
+    "engine_mismatch",
+    // Receiving: from a relay whose lease a newer relay holds.
+    "fenced",
+    // Receiving: the index refused the batch.
+    "rejected",
+];
+
 /// Fleet sync counters and gauges.
 #[derive(Debug, Default)]
 pub struct FleetMetrics {
@@ -52,6 +69,17 @@ pub struct FleetMetrics {
     dropped: Family<ReasonLabels, Counter>,
     gaps: Counter,
     expired: Counter,
+    kv_published: Counter,
+    kv_published_bytes: Counter,
+    kv_applied: Counter,
+    kv_dropped: Family<ReasonLabels, Counter>,
+    kv_relays: Gauge,
+    kv_takeovers: Counter,
+    kv_gaps: Counter,
+    snapshot_loaded_blocks: Gauge,
+    snapshot_load_ms: Gauge,
+    snapshots_written: Counter,
+    snapshot_bytes: Gauge,
 }
 
 impl FleetMetrics {
@@ -99,6 +127,103 @@ impl FleetMetrics {
         for reason in DROP_REASONS {
             let _ = self.dropped.get_or_create(&ReasonLabels { reason });
         }
+        registry.register(
+            "fleet_kv_batches_published",
+            "Engine KV event batches this sidecar relayed to the fleet's stream",
+            self.kv_published.clone(),
+        );
+        registry.register(
+            "fleet_kv_published_bytes",
+            "Bytes of engine KV event batches relayed (payload and subject)",
+            self.kv_published_bytes.clone(),
+        );
+        registry.register(
+            "fleet_kv_batches_applied",
+            "Engine KV event batches read from the fleet's stream and applied (own batches only recorded)",
+            self.kv_applied.clone(),
+        );
+        registry.register(
+            "fleet_kv_batches_dropped",
+            "Engine KV event batches dropped, by reason: queue_full, publish_error (relaying); oversized, foreign_version, malformed, engine_mismatch, fenced, rejected (reading)",
+            self.kv_dropped.clone(),
+        );
+        registry.register(
+            "fleet_kv_relayed_engines",
+            "Engines whose KV events this sidecar relays (holds the lease of)",
+            self.kv_relays.clone(),
+        );
+        registry.register(
+            "fleet_kv_takeovers",
+            "Engine relay leases this sidecar took",
+            self.kv_takeovers.clone(),
+        );
+        registry.register(
+            "fleet_kv_stream_gaps",
+            "Times the fleet's stream had lost batches this sidecar had not read (aged out)",
+            self.kv_gaps.clone(),
+        );
+        registry.register(
+            "fleet_index_snapshot_loaded_blocks",
+            "Blocks loaded from the fleet's index snapshot at start",
+            self.snapshot_loaded_blocks.clone(),
+        );
+        registry.register(
+            "fleet_index_snapshot_load_milliseconds",
+            "How long loading the fleet's index snapshot took at start",
+            self.snapshot_load_ms.clone(),
+        );
+        registry.register(
+            "fleet_index_snapshots_written",
+            "Index snapshots this sidecar wrote for the fleet",
+            self.snapshots_written.clone(),
+        );
+        registry.register(
+            "fleet_index_snapshot_bytes",
+            "Size of the last index snapshot this sidecar wrote",
+            self.snapshot_bytes.clone(),
+        );
+        for reason in KV_DROP_REASONS {
+            let _ = self.kv_dropped.get_or_create(&ReasonLabels { reason });
+        }
+    }
+
+    pub fn kv_published(&self, bytes: usize) {
+        self.kv_published.inc();
+        self.kv_published_bytes.inc_by(bytes as u64);
+    }
+
+    pub fn kv_applied(&self) {
+        self.kv_applied.inc();
+    }
+
+    /// `reason` is one of [`KV_DROP_REASONS`].
+    pub fn kv_dropped(&self, reason: &'static str) {
+        self.kv_dropped.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn kv_relays(&self, delta: i64) {
+        self.kv_relays.inc_by(delta);
+    }
+
+    pub fn kv_takeover(&self) {
+        self.kv_takeovers.inc();
+    }
+
+    pub fn kv_gap(&self) {
+        self.kv_gaps.inc();
+    }
+
+    pub fn snapshot_loaded(&self, blocks: usize, took: std::time::Duration) {
+        self.snapshot_loaded_blocks
+            .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        self.snapshot_load_ms
+            .set(i64::try_from(took.as_millis()).unwrap_or(i64::MAX));
+    }
+
+    pub fn snapshot_written(&self, bytes: usize) {
+        self.snapshots_written.inc();
+        self.snapshot_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Fleet sync is configured (`--fleet-nats`).
@@ -151,6 +276,7 @@ impl FleetMetrics {
         json!({
             "connected": connected,
             "peers": self.peers.get(),
+            "relayedEngines": self.kv_relays.get(),
             "view": if connected { "fleet" } else { "own" },
             "message": if connected {
                 "routing on the fleet's routes"

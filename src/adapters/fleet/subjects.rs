@@ -1,5 +1,8 @@
 //! The NATS subjects of one fleet: every sidecar publishes its routing facts on
-//! `<fleet-name>.routes.<fleet-id>` and reads `<fleet-name>.routes.*`.
+//! `<fleet-name>.routes.<fleet-id>` and reads `<fleet-name>.routes.*`; engine
+//! KV events travel on `<fleet-name>.kv.<engine token>`, kept by the stream
+//! `<fleet-name>-kv`; relay leases live in the KV bucket `<fleet-name>-leases`
+//! and index snapshots in the object store `<fleet-name>-index`.
 //!
 //! The fleet name namespaces everything, so two fleets can share one NATS. A
 //! fleet id is one subject token, so the subject names the publisher: a message
@@ -76,6 +79,39 @@ impl Subjects {
         format!("{}.routes.*", self.name)
     }
 
+    /// Where an engine's KV events are published.
+    pub fn kv_of(&self, engine_token: &str) -> String {
+        format!("{}.kv.{engine_token}", self.name)
+    }
+
+    /// Every engine's KV events.
+    pub fn all_kv(&self) -> String {
+        format!("{}.kv.*", self.name)
+    }
+
+    /// The engine token a KV subject names, if it is one of this fleet's.
+    pub fn engine_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
+        let token = subject
+            .strip_prefix(self.name.as_str())?
+            .strip_prefix(".kv.")?;
+        check_token(token).ok().map(|()| token)
+    }
+
+    /// The JetStream stream keeping the engines' KV events.
+    pub fn kv_stream(&self) -> String {
+        format!("{}-kv", self.name)
+    }
+
+    /// The KV bucket of the relay leases.
+    pub fn lease_bucket(&self) -> String {
+        format!("{}-leases", self.name)
+    }
+
+    /// The object store of the index snapshots.
+    pub fn snapshot_bucket(&self) -> String {
+        format!("{}-index", self.name)
+    }
+
     /// The publisher a routing-fact subject names, if it is one of this fleet's.
     pub fn peer_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
         let peer = subject
@@ -99,6 +135,14 @@ mod tests {
         assert_eq!(s.peer_of("inferencecache.routes."), None);
         assert_eq!(s.peer_of("inferencecache.routes.a.b"), None);
         assert_eq!(s.peer_of("inferencecache.events.pod-1"), None);
+        assert_eq!(s.kv_of("00ff"), "inferencecache.kv.00ff");
+        assert_eq!(s.all_kv(), "inferencecache.kv.*");
+        assert_eq!(s.engine_of("inferencecache.kv.00ff"), Some("00ff"));
+        assert_eq!(s.engine_of("inferencecache.routes.00ff"), None);
+        assert_eq!(s.engine_of("inferencecache.kv.a.b"), None);
+        assert_eq!(s.kv_stream(), "inferencecache-kv");
+        assert_eq!(s.lease_bucket(), "inferencecache-leases");
+        assert_eq!(s.snapshot_bucket(), "inferencecache-index");
         // A fleet whose name is a prefix of another's does not read it.
         assert_eq!(Subjects::new("ic").peer_of("ic2.routes.pod-1"), None);
     }

@@ -121,6 +121,8 @@ async fn a_bad_id_or_name_is_refused_at_start() {
         },
         id: "pod.1".into(),
         name: DEFAULT_NAME.into(),
+        relay_kv_events: false,
+        snapshot_interval: std::time::Duration::from_secs(30),
     };
     let m = Arc::new(FleetMetrics::default());
     let e = start(&config, Arc::new(router()), m.clone())

@@ -40,7 +40,7 @@ pub const MAX_ID_BYTES: usize = 253;
 /// Why a message was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum Refusal {
-    #[error("message over {MAX_MESSAGE_BYTES} bytes")]
+    #[error("message over its size limit")]
     Oversized,
     #[error("message of another format version")]
     ForeignVersion,

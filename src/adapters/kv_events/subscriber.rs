@@ -52,7 +52,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -60,6 +60,7 @@ use tracing::Instrument;
 use super::decode::{self, EngineEvent};
 use super::frames::{self, replay_reply};
 use super::metrics::{KvEventMetrics, StaleKey};
+use super::relay::{EngineRelay, Relay};
 use super::translate::{ReplicaChains, Skipped};
 use super::zmtp::{Connection, Limits, SocketType, ZmtpError};
 use crate::adapters::apply::apply_in_place;
@@ -137,6 +138,18 @@ impl Subscriber {
         router: Arc<Router>,
         metrics: Arc<KvEventMetrics>,
     ) -> Self {
+        Self::spawn_relayed(config, router, metrics, None)
+    }
+
+    /// [`Self::spawn`], offering every batch to `relay` first (see
+    /// [`super::relay`]).
+    pub fn spawn_relayed(
+        config: SubscriberConfig,
+        router: Arc<Router>,
+        metrics: Arc<KvEventMetrics>,
+        relay: Option<&dyn Relay>,
+    ) -> Self {
+        let relay = relay.map(|r| r.join(&config.scope, &config.replica_id, config.rank));
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let (connected_tx, connected_rx) = watch::channel(false);
         metrics.subscriber_started();
@@ -158,7 +171,7 @@ impl Subscriber {
             .instrument(span.clone()),
         );
         let apply = tokio::spawn(
-            apply_loop(config, rx, connected_rx, router, metrics.clone()).instrument(span),
+            apply_loop(config, rx, connected_rx, router, metrics.clone(), relay).instrument(span),
         );
         Self {
             tasks: [reader, apply],
@@ -443,6 +456,8 @@ struct Applier {
     resync: Option<(Instant, Duration)>,
     /// With several ranks: the blocks this rank holds (see the module docs).
     rank_blocks: Option<RankBlocks>,
+    /// In a fleet: the engine's relay (see [`super::relay`]).
+    relay: Option<Box<dyn EngineRelay>>,
 }
 
 /// The own-chain blocks one data-parallel rank holds, per tier (`None` = GPU),
@@ -533,7 +548,9 @@ async fn apply_loop(
     mut connected: watch::Receiver<bool>,
     router: Arc<Router>,
     metrics: Arc<KvEventMetrics>,
+    relay: Option<Box<dyn EngineRelay>>,
 ) {
+    let took_over = relay.as_ref().map(|r| r.took_over());
     let chains = ReplicaChains::new(&config.scope.hash_scheme, config.max_mappings);
     let stale_key = stale_key(&config);
     let mut applier = Applier {
@@ -548,6 +565,7 @@ async fn apply_loop(
         overlap: false,
         resync: None,
         rank_blocks: None,
+        relay,
     };
     if applier.config.ranks > 1 {
         applier.rank_blocks = Some(RankBlocks::default());
@@ -567,7 +585,18 @@ async fn apply_loop(
             () = sleep_until_opt(resync_at), if resync_at.is_some() => {
                 applier.warm_start().await;
             }
+            () = notified_opt(took_over.as_deref()) => {
+                // The stream lacks what the previous relay did not publish.
+                applier.warm_start().await;
+            }
         }
+    }
+}
+
+async fn notified_opt(notify: Option<&Notify>) {
+    match notify {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -899,6 +928,13 @@ impl Applier {
             endpoint: &self.config.address,
             events,
         };
+        if let Some(relay) = &self.relay
+            && !relay.offer(&batch)
+        {
+            // Another sidecar relays this engine: the batch comes back through
+            // the fleet's stream.
+            return;
+        }
         match apply_in_place(&self.router, &batch) {
             Ok(o) => {
                 self.metrics.events("applied", u64::from(o.applied));

@@ -10,6 +10,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::metrics::KvEventMetrics;
+use super::relay::Relay;
 use super::subscriber::{Subscriber, SubscriberConfig};
 use super::translate::DEFAULT_MAX_MAPPINGS;
 use crate::core::Router;
@@ -24,6 +25,7 @@ pub struct Subscribers {
     router: Arc<Router>,
     metrics: Arc<KvEventMetrics>,
     running: Mutex<HashMap<SubscriberConfig, Subscriber>>,
+    relay: Option<Arc<dyn Relay>>,
 }
 
 impl Subscribers {
@@ -32,6 +34,19 @@ impl Subscribers {
             router,
             metrics,
             running: Mutex::new(HashMap::new()),
+            relay: None,
+        }
+    }
+
+    /// Subscribers whose batches are offered to the fleet's relay first.
+    pub fn with_relay(
+        router: Arc<Router>,
+        metrics: Arc<KvEventMetrics>,
+        relay: Option<Arc<dyn Relay>>,
+    ) -> Self {
+        Self {
+            relay,
+            ..Self::new(router, metrics)
         }
     }
 
@@ -91,10 +106,11 @@ impl Subscribers {
                 let config = slot.key().clone();
                 tracing::info!(replica = %config.replica_id, rank = config.rank,
                     endpoint = %config.endpoint, scope = %config.scope, "starting KV event subscriber");
-                slot.insert(Subscriber::spawn(
+                slot.insert(Subscriber::spawn_relayed(
                     config,
                     self.router.clone(),
                     self.metrics.clone(),
+                    self.relay.as_deref(),
                 ));
             }
         }
