@@ -100,3 +100,60 @@ def report_stats(ingest_addr: str, tenant: str, model: str, scheme: str, replica
     with grpc.insecure_channel(ingest_addr) as channel:
         call = channel.unary_unary("/inferencecache.v1.CacheService/ReportStats")
         call(req, timeout=5, metadata=metadata)
+
+
+def _fields(data: bytes) -> list:
+    """Top-level fields of a message: [(number, value)], a varint's value as an
+    int, any other as its bytes (groups are not used)."""
+    out, i = [], 0
+
+    def varint():
+        nonlocal i
+        value, shift = 0, 0
+        while True:
+            b = data[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+
+    while i < len(data):
+        key = varint()
+        if key & 7 == 0:
+            out.append((key >> 3, varint()))
+        elif key & 7 == 2:
+            n = varint()
+            out.append((key >> 3, data[i:i + n]))
+            i += n
+        elif key & 7 == 1:  # 64-bit (a double), as bytes
+            out.append((key >> 3, data[i:i + 8]))
+            i += 8
+        elif key & 7 == 5:  # 32-bit, as bytes
+            out.append((key >> 3, data[i:i + 4]))
+            i += 4
+        else:
+            raise ValueError(f"wire type {key & 7} not expected")
+    return out
+
+
+REASONS = {1: "PREFIX_MATCH", 2: "TENANT_HOT", 3: "AFFINITY_HINT", 4: "NO_HINT",
+           5: "UNKNOWN_TENANT", 6: "UNKNOWN_MODEL", 7: "UNKNOWN_HASH_SCHEME",
+           8: "TIMEOUT", 9: "POLICY_REQUIRES_CHAIN"}
+
+
+def lookup(grpc_addr: str, tenant: str, model: str, scheme: str, hashes,
+           token_counts=()) -> tuple:
+    """One LookupRoute call: (reason name, the best replica's id or None)."""
+    req = (_string(1, tenant) + _string(2, model) + _string(3, scheme)
+           + _packed(6, hashes) + _packed(7, token_counts))
+    with grpc.insecure_channel(grpc_addr) as channel:
+        call = channel.unary_unary("/inferencecache.v1.CacheService/LookupRoute")
+        raw = call(req, timeout=5)
+    fields = _fields(raw)
+    reason = next((v for n, v in fields if n == 3), 0)
+    best = next((v for n, v in fields if n == 1), None)
+    replica = None
+    if best is not None:
+        replica = next((v for n, v in _fields(best) if n == 1), b"").decode() or None
+    return REASONS.get(reason, str(reason)), replica

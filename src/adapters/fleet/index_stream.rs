@@ -20,6 +20,7 @@
 //! the log stands once it is back (the ordered consumer recreates itself).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -129,18 +130,27 @@ async fn setup(
         })
         .await
         .context("the KV event stream")?;
-    let leases = match js.get_key_value(subjects.lease_bucket()).await {
-        Ok(store) => store,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: subjects.lease_bucket(),
-                history: 1,
-                max_age: LEASE_TTL,
-                ..Default::default()
-            })
-            .await
-            .context("the relay lease bucket")?,
-    };
+    // The bucket's stream made by hand, as the NATS KV conventions lay it out:
+    // the client's own create_key_value first asks for the account's info,
+    // whose reply from servers before 2.10 it cannot read.
+    let bucket = subjects.lease_bucket();
+    js.get_or_create_stream(stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age: LEASE_TTL,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .context("the relay lease bucket")?;
+    let leases = js
+        .get_key_value(bucket)
+        .await
+        .context("the relay lease bucket")?;
     let objects = match js.get_object_store(subjects.snapshot_bucket()).await {
         Ok(store) => store,
         Err(_) => js
@@ -247,7 +257,24 @@ async fn follow(
         .await
         .context("creating the KV stream consumer")?;
     let mut messages = consumer.messages().await.context("reading the KV stream")?;
-    while let Some(message) = messages.next().await {
+    // A consumer does not outlive its server's restart: a reconnection makes a
+    // new one, from where the log stands.
+    let stats = shared.client.statistics();
+    let connects = stats.connects.load(Ordering::Relaxed);
+    let mut check = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        let message = tokio::select! {
+            m = messages.next() => match m {
+                Some(m) => m,
+                None => return Ok(()),
+            },
+            _ = check.tick() => {
+                if stats.connects.load(Ordering::Relaxed) != connects {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
         let message = message.context("reading the KV stream")?;
         let seq = message
             .info()
@@ -274,7 +301,6 @@ async fn follow(
             Received::Dropped(reason) => shared.metrics.kv_dropped(reason),
         }
     }
-    Ok(())
 }
 
 /// Every `interval`, the sidecar holding the writer key writes the log.
