@@ -610,7 +610,8 @@ def test_the_rendered_chart_passes_a_server_side_dry_run(kube, values):
         for flag in ("--fleet-nats=nats://nats.nats.svc:4222", "--fleet-id=$(POD_NAME)",
                      "--fleet-name=prod", "--fleet-nats-creds=/etc/inferencecache/fleet/creds/nats.creds",
                      "--fleet-nats-token-file=/etc/inferencecache/fleet/token/token",
-                     "--fleet-nats-tls-ca=/etc/inferencecache/fleet/ca/ca.crt"):
+                     "--fleet-nats-tls-ca=/etc/inferencecache/fleet/ca/ca.crt",
+                     "--fleet-kv-events=stream", "--fleet-snapshot-interval=30s"):
             assert flag in args, args
     else:
         assert not [a for a in args if a.startswith("--fleet")], args

@@ -342,9 +342,19 @@ mod tests {
     fn stores_and_removals_count_references() {
         let mut log = IndexLog::default();
         let e = engine("r1");
-        log.apply(&e, "a:1", &[stored(None, &[1, 2, 3]), stored(Some(1), &[2])]);
+        log.apply(
+            &e,
+            "a:1",
+            &[stored(None, &[1, 2, 3]), stored(Some(1), &[2])],
+        );
         assert_eq!(log.blocks(), 3);
-        log.apply(&e, "", &[IndexEvent::Removed { hashes: vec![2, 3, 99] }]);
+        log.apply(
+            &e,
+            "",
+            &[IndexEvent::Removed {
+                hashes: vec![2, 3, 99],
+            }],
+        );
         // Block 2 had two references; 3 had one; 99 was never held.
         assert_eq!(log.blocks(), 2);
         log.apply(&e, "", &[IndexEvent::Removed { hashes: vec![2] }]);
@@ -395,7 +405,14 @@ mod tests {
                 },
             ],
         );
-        log.apply(&b, "b:1", &[stored(None, &[10, 11]), IndexEvent::Removed { hashes: vec![10] }]);
+        log.apply(
+            &b,
+            "b:1",
+            &[
+                stored(None, &[10, 11]),
+                IndexEvent::Removed { hashes: vec![10] },
+            ],
+        );
         log.admit(&a, 3).expect("fence");
         log.set_stream_seq(77);
         let snap = log.snapshot("w");
@@ -404,7 +421,12 @@ mod tests {
         for e in &snap.engines {
             let mut seen = HashSet::new();
             for ev in &e.events {
-                if let IndexEvent::Stored { parent, hashes, token_counts } = ev {
+                if let IndexEvent::Stored {
+                    parent,
+                    hashes,
+                    token_counts,
+                } = ev
+                {
                     if let Some(p) = parent
                         && e.engine.replica == "a"
                         && [1, 2, 5, 6].contains(p)

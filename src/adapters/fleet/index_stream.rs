@@ -93,7 +93,11 @@ pub fn receive(
         }
     }
     log.apply(&batch.engine, &batch.endpoint, &batch.events);
-    if own { Received::Own } else { Received::Applied }
+    if own {
+        Received::Own
+    } else {
+        Received::Applied
+    }
 }
 
 /// Loads `snapshot` into the index and the log; returns the blocks loaded.
@@ -165,7 +169,9 @@ async fn setup(
 }
 
 /// The newest snapshot, if one was written.
-async fn read_snapshot(objects: &object_store::ObjectStore) -> anyhow::Result<Option<IndexSnapshot>> {
+async fn read_snapshot(
+    objects: &object_store::ObjectStore,
+) -> anyhow::Result<Option<IndexSnapshot>> {
     let mut object = match objects.get(SNAPSHOT_OBJECT).await {
         Ok(o) => o,
         Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
@@ -211,13 +217,21 @@ pub(super) async fn run(
             .await
             .unwrap_or(0);
             shared.metrics.snapshot_loaded(loaded, started.elapsed());
-            tracing::info!(blocks = loaded, seconds = started.elapsed().as_secs_f64(),
-                "fleet index loaded from the newest snapshot");
+            tracing::info!(
+                blocks = loaded,
+                seconds = started.elapsed().as_secs_f64(),
+                "fleet index loaded from the newest snapshot"
+            );
         }
-        Ok(None) => tracing::info!("no fleet index snapshot yet: reading the KV stream from its start"),
+        Ok(None) => {
+            tracing::info!("no fleet index snapshot yet: reading the KV stream from its start")
+        }
         Err(e) => {
             shared.metrics.kv_dropped("malformed");
-            tracing::warn!(error = format!("{e:#}"), "fleet index snapshot not loaded: reading the KV stream from its start");
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "fleet index snapshot not loaded: reading the KV stream from its start"
+            );
         }
     }
     let writer = tokio::spawn(write_snapshots(
@@ -340,7 +354,12 @@ async fn write_snapshots(
             Ok(_) => {
                 written_at = seq;
                 shared.metrics.snapshot_written(bytes.len());
-                tracing::debug!(blocks, bytes = bytes.len(), stream_seq = seq, "fleet index snapshot written");
+                tracing::debug!(
+                    blocks,
+                    bytes = bytes.len(),
+                    stream_seq = seq,
+                    "fleet index snapshot written"
+                );
             }
             Err(e) => tracing::warn!(error = %e, "fleet index snapshot not written"),
         }
@@ -358,7 +377,168 @@ async fn is_writer(leases: &kv::Store, me: &str) -> bool {
                     .await
                     .is_ok()
         }
-        Ok(_) => leases.create(WRITER_KEY, me.to_string().into()).await.is_ok(),
+        Ok(_) => leases
+            .create(WRITER_KEY, me.to_string().into())
+            .await
+            .is_ok(),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::fleet::kv_wire::{EngineId, KvBatch};
+    use crate::core::index::{IndexConfig, IndexEvent};
+    use crate::core::scope::ScopeRef;
+    use crate::core::snapshot::PolicySnapshot;
+    use crate::core::time::Timestamp;
+
+    const ME: (&str, u64) = ("s2", 9);
+
+    fn router() -> Router {
+        Router::new(
+            IndexConfig::default(),
+            PolicySnapshot::empty(),
+            Timestamp::now(),
+        )
+    }
+
+    fn engine(tenant: &str) -> EngineId {
+        EngineId {
+            scope: ScopeRef::new(tenant, "m", "s").to_owned(),
+            replica: "r1".into(),
+            rank: 0,
+        }
+    }
+
+    fn batch(origin: (&str, u64), fence: u64, hashes: &[u64]) -> KvBatch {
+        KvBatch {
+            origin: origin.0.into(),
+            epoch: origin.1,
+            fence,
+            engine: engine("t"),
+            endpoint: "10.0.0.1:8000".into(),
+            events: vec![IndexEvent::Stored {
+                parent: None,
+                hashes: hashes.to_vec(),
+                token_counts: vec![],
+            }],
+        }
+    }
+
+    fn send(router: &Router, log: &mut IndexLog, b: &KvBatch) -> Received {
+        let subjects = Subjects::new("f");
+        let subject = subjects.kv_of(&b.engine.token());
+        receive(
+            router,
+            log,
+            ME,
+            &subjects,
+            &subject,
+            &kv_wire::encode_batch(b),
+        )
+    }
+
+    #[test]
+    fn a_peers_batch_is_applied_and_logged() {
+        let (r, mut log) = (router(), IndexLog::default());
+        assert_eq!(
+            send(&r, &mut log, &batch(("s1", 1), 5, &[1, 2, 3])),
+            Received::Applied
+        );
+        assert_eq!(r.index().total_entries(), 3);
+        assert_eq!(log.blocks(), 3);
+    }
+
+    #[test]
+    fn an_own_batch_is_logged_but_not_applied_twice() {
+        let (r, mut log) = (router(), IndexLog::default());
+        assert_eq!(send(&r, &mut log, &batch(ME, 5, &[1, 2])), Received::Own);
+        assert_eq!(
+            r.index().total_entries(),
+            0,
+            "applied when it was published"
+        );
+        assert_eq!(log.blocks(), 2);
+        // The same id under another process epoch is an earlier process's: applied.
+        assert_eq!(
+            send(&r, &mut log, &batch((ME.0, 8), 5, &[7])),
+            Received::Applied
+        );
+        assert_eq!(r.index().total_entries(), 1);
+    }
+
+    #[test]
+    fn an_older_fence_is_dropped_and_changes_nothing() {
+        let (r, mut log) = (router(), IndexLog::default());
+        assert_eq!(
+            send(&r, &mut log, &batch(("s1", 1), 7, &[1])),
+            Received::Applied
+        );
+        assert_eq!(
+            send(&r, &mut log, &batch(("s3", 1), 6, &[2, 3])),
+            Received::Dropped("fenced")
+        );
+        assert_eq!(r.index().total_entries(), 1);
+        assert_eq!(log.blocks(), 1);
+        assert_eq!(
+            send(&r, &mut log, &batch(("s3", 1), 8, &[2])),
+            Received::Applied
+        );
+    }
+
+    #[test]
+    fn a_subject_naming_another_engine_or_bad_bytes_change_nothing() {
+        let (r, mut log) = (router(), IndexLog::default());
+        let subjects = Subjects::new("f");
+        let b = batch(("s1", 1), 1, &[1]);
+        let bytes = kv_wire::encode_batch(&b);
+        let other = subjects.kv_of(&engine("u").token());
+        for (subject, payload, why) in [
+            (other.as_str(), bytes.as_slice(), "engine_mismatch"),
+            ("f.routes.s1", bytes.as_slice(), "engine_mismatch"),
+            (
+                subjects.kv_of(&b.engine.token()).as_str(),
+                b"\xff\x01".as_slice(),
+                "malformed",
+            ),
+        ] {
+            assert_eq!(
+                receive(&r, &mut log, ME, &subjects, subject, payload),
+                Received::Dropped(why)
+            );
+        }
+        assert_eq!(r.index().total_entries(), 0);
+        assert_eq!(log.blocks(), 0);
+    }
+
+    #[test]
+    fn a_batch_the_index_refuses_is_not_logged() {
+        let (r, mut log) = (router(), IndexLog::default());
+        let mut b = batch(("s1", 1), 1, &[1]);
+        b.engine = engine(crate::core::scope::PROBE_TENANT);
+        assert_eq!(send(&r, &mut log, &b), Received::Dropped("rejected"));
+        assert_eq!(log.blocks(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_loads_into_a_new_sidecar_and_routes() {
+        let (r, mut log) = (router(), IndexLog::default());
+        send(&r, &mut log, &batch(("s1", 1), 1, &[1, 2, 3]));
+        log.set_stream_seq(41);
+        let snapshot = kv_wire::decode_snapshot(&kv_wire::encode_snapshot(&log.snapshot("s1")))
+            .expect("decodes");
+        let (fresh, mut fresh_log) = (router(), IndexLog::default());
+        assert_eq!(load(&fresh, &mut fresh_log, &snapshot), 3);
+        assert_eq!(fresh.index().total_entries(), 3);
+        assert_eq!(fresh_log.stream_seq(), 41);
+        // The fence came along: an older relay's batch is still refused.
+        let mut stale = batch(("s9", 1), 0, &[9]);
+        stale.fence = 0;
+        assert_eq!(
+            send(&fresh, &mut fresh_log, &stale),
+            Received::Dropped("fenced")
+        );
     }
 }

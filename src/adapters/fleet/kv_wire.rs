@@ -690,7 +690,10 @@ mod tests {
         assert_eq!(stored, hashes);
         assert_eq!(stored_counts, counts);
         assert_eq!(groups[0][0], IndexEvent::Removed { hashes: vec![7] });
-        assert_eq!(groups.last().and_then(|g| g.last()), Some(&IndexEvent::Cleared));
+        assert_eq!(
+            groups.last().and_then(|g| g.last()),
+            Some(&IndexEvent::Cleared)
+        );
         // Small batches stay whole.
         assert_eq!(split_events(&every_event()), vec![every_event()]);
     }

@@ -198,7 +198,9 @@ impl FleetMetrics {
 
     /// `reason` is one of [`KV_DROP_REASONS`].
     pub fn kv_dropped(&self, reason: &'static str) {
-        self.kv_dropped.get_or_create(&ReasonLabels { reason }).inc();
+        self.kv_dropped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     pub fn kv_relays(&self, delta: i64) {

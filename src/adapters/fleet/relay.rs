@@ -132,6 +132,7 @@ impl Relay for KvRelay {
             token,
             engine,
             state: AtomicU64::new(UNKNOWN),
+            revision: AtomicU64::new(0),
             took_over: Arc::new(Notify::new()),
         });
         let task = tokio::spawn(hold(self.shared.clone(), lease.clone()));
@@ -148,6 +149,8 @@ struct Lease {
     token: String,
     subject: String,
     state: AtomicU64,
+    /// The lease key's revision after the holder's last write (0: not held).
+    revision: AtomicU64,
     took_over: Arc<Notify>,
 }
 
@@ -160,17 +163,21 @@ struct EngineLease {
 impl Drop for EngineLease {
     fn drop(&mut self) {
         self.task.abort();
-        if self.lease.state.swap(UNKNOWN, Ordering::AcqRel) != STANDBY
+        let revision = self.lease.revision.swap(0, Ordering::AcqRel);
+        if revision != 0 {
+            self.shared.metrics.kv_relays(-1);
+        }
+        if revision != 0
             && let (Some(store), Ok(rt)) = (
                 self.shared.leases.get().cloned(),
                 tokio::runtime::Handle::try_current(),
             )
         {
             // Handed back at once, so a peer takes the engine over without
-            // waiting for the lease to age out.
+            // waiting for the lease to age out; only if it is still ours.
             let token = self.lease.token.clone();
             rt.spawn(async move {
-                let _ = store.delete(token).await;
+                let _ = store.delete_expect_revision(token, Some(revision)).await;
             });
         }
     }
@@ -222,6 +229,7 @@ async fn hold(shared: Arc<Shared>, lease: Arc<Lease>) {
             _ => {
                 if held.take().is_some() {
                     shared.metrics.kv_relays(-1);
+                    lease.revision.store(0, Ordering::Release);
                 }
                 lease.state.store(UNKNOWN, Ordering::Release);
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -232,6 +240,7 @@ async fn hold(shared: Arc<Shared>, lease: Arc<Lease>) {
             None => match store.create(&lease.token, me.clone()).await {
                 Ok(revision) => {
                     held = Some(revision);
+                    lease.revision.store(revision, Ordering::Release);
                     lease.state.store(revision, Ordering::Release);
                     shared.metrics.kv_relays(1);
                     shared.metrics.kv_takeover();
@@ -245,17 +254,25 @@ async fn hold(shared: Arc<Shared>, lease: Arc<Lease>) {
                 Err(e) => tracing::debug!(error = %e, "lease not taken"),
             },
             Some(revision) => match store.update(&lease.token, me.clone(), revision).await {
-                Ok(next) => held = Some(next),
+                Ok(next) => {
+                    held = Some(next);
+                    lease.revision.store(next, Ordering::Release);
+                }
                 Err(e) => {
                     tracing::warn!(replica = %lease.engine.replica, error = %e,
                         "lost the engine's relay lease");
                     held = None;
+                    lease.revision.store(0, Ordering::Release);
                     lease.state.store(STANDBY, Ordering::Release);
                     shared.metrics.kv_relays(-1);
                 }
             },
         }
-        let wait = if held.is_some() { LEASE_RENEW } else { LEASE_RETRY };
+        let wait = if held.is_some() {
+            LEASE_RENEW
+        } else {
+            LEASE_RETRY
+        };
         tokio::time::sleep(wait).await;
     }
 }

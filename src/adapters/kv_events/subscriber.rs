@@ -40,6 +40,12 @@
 //! `AllBlocksCleared`, its restart, its exact warm start) become removals of
 //! exactly those blocks. The replica keeps the other ranks' blocks.
 //!
+//! **In a fleet** ([`super::relay`]) every batch is offered to the engine's
+//! relay before it is applied: applied (and published) when this sidecar holds
+//! the engine's lease or NATS is unreachable, left to the fleet's stream
+//! otherwise. Becoming the relay starts a resync (a replay from seq 0), so the
+//! stream gets what the previous relay did not publish.
+//!
 //! [`Subscriber::close`] stops it cleanly (the reader closes its socket, the apply
 //! task finishes what is queued); dropping the [`Subscriber`] aborts both tasks.
 //! Both run in a `kv_events` span carrying tenant, model, hash scheme, replica and
