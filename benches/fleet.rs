@@ -104,6 +104,7 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
                 scope: scope().to_owned(),
                 replica: REPLICA.into(),
                 uncached_tokens: TOKENS,
+                pending: Vec::new(),
             },
         ),
         msg(seq + 1, Fact::PrefillEnded { route }),

@@ -59,6 +59,7 @@ impl Fleet {
         scope: ScopeRef<'_>,
         replica: &str,
         uncached_tokens: u64,
+        pending: Vec<u64>,
     ) -> Arc<SharedRoute> {
         let route = self.next_route.fetch_add(1, Ordering::Relaxed);
         SharedRoute::routed(
@@ -69,6 +70,7 @@ impl Fleet {
                 scope: scope.to_owned(),
                 replica: replica.to_string(),
                 uncached_tokens,
+                pending,
             },
         )
     }

@@ -20,7 +20,7 @@ use super::index::{
 };
 use super::load::Inflight;
 use super::load::RouteFacts;
-use super::load::peer_ledger::{Message, Outcome};
+use super::load::peer_ledger::{Fact, MAX_SHARED_PENDING, Message, Outcome};
 use super::peers::Fleet;
 use super::policy::EvictionAlgorithm;
 use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
@@ -167,16 +167,26 @@ impl Router {
             req.block_token_counts.iter().map(|&t| u64::from(t)).sum()
         };
         let mut inflight = decision.admit_at(requested, now)?;
-        if let (Some(fleet), Some(replica)) = (self.fleet.get(), decision.pick_replica_id()) {
-            let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
-            inflight.share(fleet.share(scope, &replica, inflight.uncached_tokens()));
-        }
-        if req.block_hashes.is_empty() || req.block_hashes.len() != req.block_token_counts.len() {
-            return Some(inflight);
-        }
+        let chained =
+            !req.block_hashes.is_empty() && req.block_hashes.len() == req.block_token_counts.len();
         let snapshot = self.snapshot.load();
         let balancing = &snapshot.tenant(req.tenant_id).policy.load_balancing;
         let ttl = balancing.pending_ttl_nanos();
+        if let (Some(fleet), Some(replica)) = (self.fleet.get(), decision.pick_replica_id()) {
+            let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
+            // The peers record the pending chain too (see `apply_peer`).
+            let pending = if chained && ttl > 0 {
+                let keys = Self::identity_keys(req);
+                let chain = keys.as_deref().unwrap_or(req.block_hashes);
+                chain[..chain.len().min(MAX_SHARED_PENDING)].to_vec()
+            } else {
+                Vec::new()
+            };
+            inflight.share(fleet.share(scope, &replica, inflight.uncached_tokens(), pending));
+        }
+        if !chained {
+            return Some(inflight);
+        }
         let last_event_at = decision.pick_last_event_at();
         // Every block cached: its prefill (a partial last block at most) is over
         // within an engine step, and what follows is in the engine's next report.
@@ -226,7 +236,37 @@ impl Router {
     /// One peer's routing fact, received at `now` (see
     /// [`crate::load::peer_ledger`]). `None` outside a fleet.
     pub fn apply_peer(&self, msg: Message, now: Timestamp) -> Option<Outcome> {
-        Some(self.fleet.get()?.apply(&self.index, msg, now))
+        let fleet = self.fleet.get()?;
+        // A peer's pending chain is recorded as this sidecar records its own,
+        // under this sidecar's pendingTTL for the tenant (0: none kept).
+        let pending = match &msg.fact {
+            Fact::Routed {
+                scope,
+                replica,
+                pending,
+                ..
+            } if !pending.is_empty() => Some((scope.clone(), replica.clone(), pending.clone())),
+            _ => None,
+        };
+        let outcome = fleet.apply(&self.index, msg, now);
+        if let (Some((scope, replica, chain)), Outcome::Applied | Outcome::AppliedAfterGap) =
+            (pending, outcome)
+        {
+            let ttl = self
+                .snapshot
+                .load()
+                .tenant(&scope.tenant)
+                .policy
+                .load_balancing
+                .pending_ttl_nanos();
+            if let (true, Some(s)) = (ttl > 0, self.index.scope(scope.as_ref())) {
+                let table = s.table();
+                if let Some(slot) = table.slot_of(&replica) {
+                    s.pending.record(slot, &chain, now.as_nanos(), ttl);
+                }
+            }
+        }
+        Some(outcome)
     }
 
     /// Drops the peers silent past the heartbeat timeout; returns how many.

@@ -32,6 +32,7 @@ fn routed(route: u64) -> Fact {
         scope: ScopeRef::new("acme", "llama", "vllm").to_owned(),
         replica: "r1".into(),
         uncached_tokens: 10,
+        pending: Vec::new(),
     }
 }
 

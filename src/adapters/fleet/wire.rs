@@ -17,7 +17,8 @@
 //!            oneof fact { 5: Routed routed; 6: uint64 prefill_ended;
 //!                         7: uint64 released; 8: Empty heartbeat; 9: Empty leave } }
 //! Routed   { 1: uint64 route; 2: string tenant; 3: string model;
-//!            4: string hash_scheme; 5: string replica; 6: uint64 uncached_tokens }
+//!            4: string hash_scheme; 5: string replica; 6: uint64 uncached_tokens;
+//!            7: repeated fixed64 pending }
 //! ```
 //!
 //! A future format keeps field 1 a varint version, so a sidecar reads it before
@@ -26,13 +27,14 @@
 
 use prost::Message as _;
 
-use crate::core::load::peer_ledger::{Fact, Message};
+use crate::core::load::peer_ledger::{Fact, MAX_SHARED_PENDING, Message};
 use crate::core::scope::ScopeRef;
 
 /// The format version this sidecar writes and reads.
 pub const VERSION: u32 = 2;
-/// The largest message accepted.
-pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// The largest message accepted: a routed fact with the longest pending chain
+/// (8 bytes a block) and the longest ids fits.
+pub const MAX_MESSAGE_BYTES: usize = 6 * 1024;
 /// The longest peer, replica, tenant, model or hash scheme id accepted (a DNS
 /// name's limit).
 pub const MAX_ID_BYTES: usize = 253;
@@ -101,6 +103,8 @@ struct Routed {
     replica: String,
     #[prost(uint64, tag = "6")]
     uncached_tokens: u64,
+    #[prost(fixed64, repeated, tag = "7")]
+    pending: Vec<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -122,6 +126,7 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             scope,
             replica,
             uncached_tokens,
+            pending,
         } => WireFact::Routed(Routed {
             route: *route,
             tenant: scope.tenant.to_string(),
@@ -129,6 +134,7 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             hash_scheme: scope.hash_scheme.to_string(),
             replica: replica.clone(),
             uncached_tokens: *uncached_tokens,
+            pending: pending.clone(),
         }),
         Fact::PrefillEnded { route } => WireFact::PrefillEnded(*route),
         Fact::Released { route } => WireFact::Released(*route),
@@ -167,11 +173,15 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
             for id in [&r.tenant, &r.model, &r.hash_scheme, &r.replica] {
                 check_id(id)?;
             }
+            if r.pending.len() > MAX_SHARED_PENDING {
+                return Err(Refusal::Malformed);
+            }
             Fact::Routed {
                 route: r.route,
                 scope: ScopeRef::new(&r.tenant, &r.model, &r.hash_scheme).to_owned(),
                 replica: r.replica,
                 uncached_tokens: r.uncached_tokens,
+                pending: r.pending,
             }
         }
         WireFact::PrefillEnded(route) => Fact::PrefillEnded { route },

@@ -36,6 +36,10 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A peer's in-flight routes the ledger keeps at most; more are refused.
 pub const MAX_IN_FLIGHT_PER_PEER: usize = 65_536;
 
+/// The longest pending chain a routed fact carries (8 bytes a block on the
+/// wire): siblings share a prefix, so its first blocks are what counts.
+pub const MAX_SHARED_PENDING: usize = 512;
+
 /// One routing fact a sidecar publishes about its own routes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fact {
@@ -47,6 +51,10 @@ pub enum Fact {
         replica: String,
         /// Tokens the replica has to prefill for it (not cached there).
         uncached_tokens: u64,
+        /// The chain the publisher recorded as pending for the replica (its
+        /// first [`MAX_SHARED_PENDING`] blocks; empty when its policy keeps no
+        /// pending entries): the receivers record it too.
+        pending: Vec<u64>,
     },
     /// The route's prefill ended: its backlog on the replica is gone, the
     /// request is still in flight.
@@ -191,6 +199,7 @@ impl PeerLedger {
                 scope,
                 replica,
                 uncached_tokens,
+                pending: _,
             } => {
                 let replica = (scope, replica);
                 if peer.routes.contains_key(&route) {

@@ -100,6 +100,7 @@ mod tests {
             scope: ScopeRef::new("t", "m", "s").to_owned(),
             replica: "r".into(),
             uncached_tokens: tokens,
+            pending: Vec::new(),
         }
     }
 

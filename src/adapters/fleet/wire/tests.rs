@@ -11,6 +11,7 @@ fn routed() -> Message {
             scope: ScopeRef::new("acme", "llama", "vllm-sha256-cbor").to_owned(),
             replica: "10.0.0.7:8000".into(),
             uncached_tokens: 1536,
+            pending: Vec::new(),
         },
     }
 }
@@ -52,6 +53,37 @@ fn oversized_messages_are_refused_before_parsing() {
     assert_eq!(decode(&bytes), Err(Refusal::Oversized));
 }
 
+#[test]
+fn a_pending_chain_travels_and_a_longer_one_is_refused() {
+    let longest = (0..MAX_SHARED_PENDING as u64)
+        .map(|i| i * 0x9e37_79b9)
+        .collect::<Vec<_>>();
+    let mut msg = routed();
+    if let Fact::Routed { pending, .. } = &mut msg.fact {
+        pending.clone_from(&longest);
+    }
+    // The longest chain and the longest ids fit under the limit.
+    let long_id = "x".repeat(MAX_ID_BYTES);
+    if let Fact::Routed { replica, .. } = &mut msg.fact {
+        replica.clone_from(&long_id);
+    }
+    let msg = Message {
+        peer: long_id.clone(),
+        ..msg
+    };
+    let bytes = encode(&msg);
+    assert!(bytes.len() <= MAX_MESSAGE_BYTES, "{} bytes", bytes.len());
+    assert_eq!(decode(&bytes), Ok(msg.clone()));
+    let mut wire = routed_wire("t", "m", "s", "r");
+    if let Some(WireFact::Routed(r)) = &mut wire {
+        r.pending = (0..=MAX_SHARED_PENDING as u64).collect();
+    }
+    assert_eq!(
+        decode(&envelope(wire).encode_to_vec()),
+        Err(Refusal::Malformed)
+    );
+}
+
 fn envelope(fact: Option<WireFact>) -> Envelope {
     Envelope {
         v: VERSION,
@@ -70,6 +102,7 @@ fn routed_wire(tenant: &str, model: &str, scheme: &str, replica: &str) -> Option
         hash_scheme: scheme.into(),
         replica: replica.into(),
         uncached_tokens: 0,
+        pending: Vec::new(),
     }))
 }
 

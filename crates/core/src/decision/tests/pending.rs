@@ -5,6 +5,7 @@
 use super::*;
 use crate::index::PENDING_TTL_NANOS;
 use crate::policy::LoadAwareness;
+use std::sync::Arc;
 
 const FLEET: [&str; 4] = ["r1", "r2", "r3", "r4"];
 const FIRST: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
@@ -152,4 +153,83 @@ fn a_sibling_rides_on_the_first_prefill_instead_of_prefilling_it_again() {
     assert_eq!(d.reason, ReasonCode::PrefixMatch, "rows {:?}", rows(&d));
     assert_eq!(picked(&d).as_deref(), Some(to.as_str()));
     assert_eq!(d.spilled_from(), None);
+}
+
+/// Facts one router publishes, as a fleet transport would carry them.
+#[derive(Debug, Default)]
+struct Outbox(parking_lot::Mutex<Vec<crate::load::peer_ledger::Fact>>);
+
+impl crate::load::RouteFacts for Outbox {
+    fn publish(&self, fact: crate::load::peer_ledger::Fact) {
+        self.0.lock().push(fact);
+    }
+}
+
+/// Routes FIRST on sidecar "a" of a fleet; returns its pick and what it
+/// published.
+fn route_on_a(policy: ResolvedPolicy) -> (String, Vec<crate::load::peer_ledger::Fact>) {
+    let a = fleet(policy);
+    let outbox = Arc::new(Outbox::default());
+    assert!(a.join_fleet("a", outbox.clone()));
+    let (pick, inflight) = route_first(&a, t0());
+    drop(inflight);
+    let facts = outbox.0.lock().clone();
+    (pick, facts)
+}
+
+fn hear(b: &Router, facts: Vec<crate::load::peer_ledger::Fact>) {
+    for (seq, fact) in facts.into_iter().enumerate() {
+        let msg = crate::load::peer_ledger::Message {
+            peer: "a".into(),
+            epoch: 1,
+            seq: seq as u64 + 1,
+            fact,
+        };
+        assert!(b.apply_peer(msg, t0()).is_some());
+    }
+}
+
+#[test]
+fn a_peers_route_makes_its_chain_pending_here_too() {
+    let (first, facts) = route_on_a(ResolvedPolicy::default());
+    let routed_chain = facts.iter().find_map(|f| match f {
+        crate::load::peer_ledger::Fact::Routed { pending, .. } => Some(pending.clone()),
+        _ => None,
+    });
+    assert_eq!(routed_chain.as_deref(), Some(&FIRST[..]));
+    let b = fleet(ResolvedPolicy::default());
+    assert!(b.join_fleet("b", Arc::new(Outbox::default())));
+    hear(&b, facts);
+    // Sidecar b never routed FIRST, yet its sibling lands where a sent it.
+    let d = lookup(&b, &req(&SIBLING));
+    assert_eq!(d.reason, ReasonCode::PrefixMatch, "rows {:?}", rows(&d));
+    assert_eq!(picked(&d), Some(first));
+    assert_eq!(b.view(t0()).total_entries, 0, "pending, not entries");
+}
+
+#[test]
+fn without_pending_entries_nothing_is_shared_or_recorded() {
+    // Sidecar a keeps no pending entries: its routed fact carries no chain.
+    let mut off = ResolvedPolicy::default();
+    off.load_balancing.pending_ttl = Duration::ZERO;
+    let a = mk_router(off.clone());
+    for id in FLEET {
+        register(&a, acme(), id, t0());
+    }
+    let outbox = Arc::new(Outbox::default());
+    assert!(a.join_fleet("a", outbox.clone()));
+    let (_, _inflight) = route_first(&a, t0());
+    assert!(outbox.0.lock().iter().all(|f| !matches!(
+        f,
+        crate::load::peer_ledger::Fact::Routed { pending, .. } if !pending.is_empty()
+    )));
+    // Sidecar b keeps none either: a peer's chain is not recorded there.
+    let (_, facts) = route_on_a(ResolvedPolicy::default());
+    let b = mk_router(off);
+    for id in FLEET {
+        register(&b, acme(), id, t0());
+    }
+    assert!(b.join_fleet("b", Arc::new(Outbox::default())));
+    hear(&b, facts);
+    assert_eq!(b.index().scope(acme()).map(|s| s.pending.len()), Some(0));
 }

@@ -23,6 +23,7 @@ fn routed(route: u64, replica: &str, tokens: u64) -> Fact {
         scope: scope().to_owned(),
         replica: replica.into(),
         uncached_tokens: tokens,
+        pending: Vec::new(),
     }
 }
 
@@ -277,6 +278,7 @@ fn scopes_are_kept_apart() {
                 scope: other.to_owned(),
                 replica: "r1".into(),
                 uncached_tokens: 5,
+                pending: Vec::new(),
             },
         ),
         at(0),
