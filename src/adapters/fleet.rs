@@ -131,6 +131,9 @@ pub async fn start(
         config.id.clone(),
         metrics.clone(),
     ));
+    if config.relay_kv_events {
+        metrics.enable_kv_stream();
+    }
     let relay = config.relay_kv_events.then(|| {
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -206,6 +206,7 @@ pub(super) async fn run(
         }
     };
     let _ = shared.leases.set(leases.clone());
+    shared.metrics.set_kv_stream_ready();
     match read_snapshot(&objects).await {
         Ok(Some(snapshot)) => {
             let started = Instant::now();

@@ -61,6 +61,8 @@ pub const KV_DROP_REASONS: [&str; 8] = [
 #[derive(Debug, Default)]
 pub struct FleetMetrics {
     enabled: AtomicBool,
+    kv_stream_enabled: AtomicBool,
+    kv_stream_ready: Gauge,
     connected: Gauge,
     peers: Gauge,
     published: Counter,
@@ -128,6 +130,11 @@ impl FleetMetrics {
             let _ = self.dropped.get_or_create(&ReasonLabels { reason });
         }
         registry.register(
+            "fleet_kv_stream_ready",
+            "1 once the fleet's KV event stream, lease bucket and snapshot store are set up (0 before, or without JetStream: every engine is then followed directly)",
+            self.kv_stream_ready.clone(),
+        );
+        registry.register(
             "fleet_kv_batches_published",
             "Engine KV event batches this sidecar relayed to the fleet's stream",
             self.kv_published.clone(),
@@ -185,6 +192,15 @@ impl FleetMetrics {
         for reason in KV_DROP_REASONS {
             let _ = self.kv_dropped.get_or_create(&ReasonLabels { reason });
         }
+    }
+
+    /// Engine KV events go through the fleet's stream (`--fleet-kv-events stream`).
+    pub fn enable_kv_stream(&self) {
+        self.kv_stream_enabled.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_kv_stream_ready(&self) {
+        self.kv_stream_ready.set(1);
     }
 
     pub fn kv_published(&self, bytes: usize) {
@@ -279,6 +295,14 @@ impl FleetMetrics {
             "connected": connected,
             "peers": self.peers.get(),
             "relayedEngines": self.kv_relays.get(),
+            "kvEvents": match (
+                self.kv_stream_enabled.load(Ordering::Relaxed),
+                self.kv_stream_ready.get() == 1,
+            ) {
+                (false, _) => "direct",
+                (true, true) => "stream",
+                (true, false) => "stream-unavailable",
+            },
             "view": if connected { "fleet" } else { "own" },
             "message": if connected {
                 "routing on the fleet's routes"
@@ -304,6 +328,11 @@ mod tests {
         m.set_peers(2);
         assert_eq!(m.condition()["view"], "fleet");
         assert_eq!(m.condition()["peers"], 2);
+        assert_eq!(m.condition()["kvEvents"], "direct");
+        m.enable_kv_stream();
+        assert_eq!(m.condition()["kvEvents"], "stream-unavailable");
+        m.set_kv_stream_ready();
+        assert_eq!(m.condition()["kvEvents"], "stream");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!    create (absent) ──▶ holder, fence = the revision created
 //!    holder: update every LEASE_RENEW (CAS on the revision) ── fails ──▶ standby
 //!    standby: create every LEASE_RETRY; a dead holder's key ages out (LEASE_TTL)
-//!  offer(batch): NATS down ─▶ apply locally (the fallback)
+//!  offer(batch): NATS down, or no lease to be had ─▶ apply locally (the fallback)
 //!                holder    ─▶ apply locally and publish on <fleet>.kv.<token>
 //!                otherwise ─▶ leave it to the stream
 //! ```
@@ -54,8 +54,13 @@ pub const LEASE_RETRY: Duration = Duration::from_secs(1);
 pub const QUEUE_CAPACITY: usize = 8192;
 
 /// The lease state of one engine: a fence, or one of these.
+/// Not decided yet (a lease request is on its way): leave batches to the stream.
 const UNKNOWN: u64 = 0;
+/// Another sidecar holds the lease.
 const STANDBY: u64 = u64::MAX;
+/// No lease can be had (NATS without JetStream, the bucket refused, an
+/// error): follow the engine directly, as when NATS is down.
+const OFFLINE: u64 = u64::MAX - 1;
 
 /// What every engine's relay shares.
 pub(super) struct Shared {
@@ -191,6 +196,9 @@ impl EngineRelay for EngineLease {
             return true;
         }
         let fence = self.lease.state.load(Ordering::Acquire);
+        if fence == OFFLINE {
+            return true;
+        }
         if fence == UNKNOWN || fence == STANDBY {
             return false;
         }
@@ -231,7 +239,7 @@ async fn hold(shared: Arc<Shared>, lease: Arc<Lease>) {
                     shared.metrics.kv_relays(-1);
                     lease.revision.store(0, Ordering::Release);
                 }
-                lease.state.store(UNKNOWN, Ordering::Release);
+                lease.state.store(OFFLINE, Ordering::Release);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -251,7 +259,10 @@ async fn hold(shared: Arc<Shared>, lease: Arc<Lease>) {
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                     lease.state.store(STANDBY, Ordering::Release);
                 }
-                Err(e) => tracing::debug!(error = %e, "lease not taken"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "lease not taken: following the engine directly");
+                    lease.state.store(OFFLINE, Ordering::Release);
+                }
             },
             Some(revision) => match store.update(&lease.token, me.clone(), revision).await {
                 Ok(next) => {
