@@ -300,7 +300,7 @@ def test_forged_and_garbage_messages_change_nothing(fleet):
         # Garbage, another version, oversized.
         (subject("s1"), b"\x00\xffnot protobuf"),
         (subject("s1"), cachewire._field(1, 0, cachewire._varint(3)) + cachewire._string(2, "s1")),
-        (subject("s1"), b" " * 2000),
+        (subject("s1"), b" " * (6 * 1024 + 1)),
         # Not even a subject of a peer.
         (f"{f.name}.routes", _routed("s1", 1, 1, 3)),
     ])
