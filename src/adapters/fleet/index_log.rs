@@ -45,6 +45,9 @@ pub enum Fenced {
 #[derive(Debug, Default)]
 pub struct IndexLog {
     engines: HashMap<EngineId, EngineLog>,
+    /// The last subject token checked, and the engine it names: a stream
+    /// carries runs of one engine's batches, so most checks skip the hash.
+    named: Option<(String, EngineId)>,
     /// The last stream message applied.
     stream_seq: u64,
 }
@@ -218,7 +221,23 @@ impl EngineLog {
 
 impl IndexLog {
     fn engine_mut(&mut self, engine: &EngineId) -> &mut EngineLog {
-        self.engines.entry(engine.clone()).or_default()
+        // Cloned on an engine's first batch only.
+        self.engines.entry_ref(engine).or_default()
+    }
+
+    /// Whether `token` (a subject's) is `engine`'s token.
+    pub fn names(&mut self, token: &str, engine: &EngineId) -> bool {
+        if let Some((t, e)) = &self.named
+            && t == token
+            && e == engine
+        {
+            return true;
+        }
+        if engine.token() != token {
+            return false;
+        }
+        self.named = Some((token.to_string(), engine.clone()));
+        true
     }
 
     /// Checks a batch's fence against the newest one applied for its engine,
@@ -451,6 +470,18 @@ mod tests {
             replayed.apply(&e.engine, &e.endpoint, &e.events);
         }
         assert_eq!(state(&replayed), state(&log));
+    }
+
+    #[test]
+    fn a_subject_token_names_its_engine_only_even_when_remembered() {
+        let mut log = IndexLog::default();
+        let (a, b) = (engine("a"), engine("b"));
+        let ta = a.token();
+        assert!(log.names(&ta, &a));
+        assert!(log.names(&ta, &a), "remembered");
+        assert!(!log.names(&ta, &b), "another engine under a's token");
+        assert!(!log.names("00ff00ff00ff00ff", &a));
+        assert!(log.names(&b.token(), &b));
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub fn receive(
         Ok(b) => b,
         Err(refusal) => return Received::Dropped(refusal.as_str()),
     };
-    if batch.engine.token() != token {
+    if !log.names(token, &batch.engine) {
         return Received::Dropped("engine_mismatch");
     }
     if log.admit(&batch.engine, batch.fence).is_err() {

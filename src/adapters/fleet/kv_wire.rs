@@ -49,6 +49,12 @@ pub struct EngineId {
     pub rank: u32,
 }
 
+impl From<&EngineId> for EngineId {
+    fn from(e: &EngineId) -> Self {
+        e.clone()
+    }
+}
+
 impl EngineId {
     /// Its subject token and lease key: 16 hex digits of a SHA-256 of the
     /// identity (ids may hold characters a subject cannot).
