@@ -7,8 +7,8 @@ engines are taken over; NATS down, every sidecar follows its engines itself;
 forged and garbage batches change nothing.
 """
 
-import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -44,11 +44,16 @@ class Sidecar:
              "--fleet-nats", nats_url, "--fleet-id", name,
              "--fleet-snapshot-interval", "1s"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(lambda: requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200,
-                   what=f"{name} /readyz")
+        try:
+            wait_until(lambda: requests.get(f"{self.admin}/readyz", timeout=1).status_code == 200,
+                       what=f"{name} /readyz")
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            self.log.close()
+            raise
 
     def metric(self, name, labels="") -> float:
-        import re
         text = requests.get(f"{self.admin}/metrics", timeout=2).text
         m = re.search(rf"^inferencecache_{name}(?:_total)?{re.escape(labels)} (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
@@ -77,6 +82,14 @@ class FleetIndex:
 
     def __init__(self):
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-fleet-index-"))
+        self.nats, self.upstreams, self.pubs, self.sidecars = None, [], {}, []
+        try:
+            self._up()
+        except BaseException:
+            self.close()  # nothing left running when the set-up fails
+            raise
+
+    def _up(self):
         self.nats = NatsServer(self.workdir)
         self.upstreams = [Upstream(r) for r in ("replica-a", "replica-b", "replica-c")]
         hosts = {"replica-a": "127.0.0.1", "replica-b": "127.0.0.2"}
@@ -90,7 +103,6 @@ class FleetIndex:
         self.no_replay = self.workdir / "policy-no-replay.yaml"
         self.no_replay.write_text(policy(SCHEME, self.upstreams, self.pubs,
                                          free_ports(1, list(hosts.values()))))
-        self.sidecars = []
         for name in ("s1", "s2"):
             self.start(name)
         wait_until(lambda: self.relayed() == 2, timeout=20,
@@ -147,9 +159,9 @@ class FleetIndex:
             p.close()
         for u in self.upstreams:
             u.close()
-        self.nats.stop()
-        if not os.environ.get("KEEP"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.nats is not None:
+            self.nats.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture
