@@ -235,22 +235,24 @@ pub(super) async fn run(
             );
         }
     }
-    let writer = tokio::spawn(write_snapshots(
+    // Both run for good, in this task (stopping it stops both); a failed write
+    // is logged and tried again at the next tick.
+    let writer = write_snapshots(
         shared.clone(),
         leases,
         objects,
         log.clone(),
         snapshot_interval,
-    ));
-    loop {
-        if let Err(e) = follow(&shared, &stream, &router, &log).await {
-            tracing::debug!(error = format!("{e:#}"), "fleet KV stream interrupted");
+    );
+    let follower = async {
+        loop {
+            if let Err(e) = follow(&shared, &stream, &router, &log).await {
+                tracing::debug!(error = format!("{e:#}"), "fleet KV stream interrupted");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if writer.is_finished() {
-            return;
-        }
-    }
+    };
+    tokio::join!(writer, follower);
 }
 
 /// Reads the stream from where the log stands, until it fails.
