@@ -40,27 +40,7 @@ def _packed(number: int, values) -> bytes:
 
 def _decode_varints(data: bytes) -> dict:
     """Top-level varint fields of a message: {field_number: value}."""
-    fields, i = {}, 0
-    while i < len(data):
-        key, shift = 0, 0
-        while True:
-            b = data[i]
-            i += 1
-            key |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        value, shift = 0, 0
-        while True:
-            b = data[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        fields[key >> 3] = value
-    return fields
-
+    return {n: v for n, v in _fields(data) if isinstance(v, int)}
 
 def stored_event(hashes, token_counts=()) -> bytes:
     """A KvEvent holding one BlocksStored run starting at block 0."""

@@ -169,24 +169,29 @@ impl Router {
         let mut inflight = decision.admit_at(requested, now)?;
         let chained =
             !req.block_hashes.is_empty() && req.block_hashes.len() == req.block_token_counts.len();
-        let snapshot = self.snapshot.load();
-        let balancing = &snapshot.tenant(req.tenant_id).policy.load_balancing;
-        let ttl = balancing.pending_ttl_nanos();
+        // The policy only for a chain: pending entries and backlogs need one.
+        let snapshot = chained.then(|| self.snapshot.load());
+        let ttl = snapshot.as_ref().map_or(0, |s| {
+            s.tenant(req.tenant_id)
+                .policy
+                .load_balancing
+                .pending_ttl_nanos()
+        });
+        // The identity keys, computed here when the peers get the pending
+        // chain too (see `apply_peer`), and then not again below.
+        let mut keys = (ttl > 0 && self.fleet.get().is_some()).then(|| Self::identity_keys(req));
         if let (Some(fleet), Some(replica)) = (self.fleet.get(), decision.pick_replica_id()) {
             let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
-            // The peers record the pending chain too (see `apply_peer`).
-            let pending = if chained && ttl > 0 {
-                let keys = Self::identity_keys(req);
-                let chain = keys.as_deref().unwrap_or(req.block_hashes);
+            let pending = keys.as_ref().map_or_else(Vec::new, |k| {
+                let chain = k.as_deref().unwrap_or(req.block_hashes);
                 chain[..chain.len().min(MAX_SHARED_PENDING)].to_vec()
-            } else {
-                Vec::new()
-            };
+            });
             inflight.share(fleet.share(scope, &replica, inflight.uncached_tokens(), pending));
         }
-        if !chained {
+        let Some(snapshot) = snapshot else {
             return Some(inflight);
-        }
+        };
+        let balancing = &snapshot.tenant(req.tenant_id).policy.load_balancing;
         let last_event_at = decision.pick_last_event_at();
         // Every block cached: its prefill (a partial last block at most) is over
         // within an engine step, and what follows is in the engine's next report.
@@ -203,7 +208,7 @@ impl Router {
         }
         let scope = ScopeRef::new(req.tenant_id, req.model_id, req.hash_scheme);
         if let (Some(s), Some(slot)) = (self.index.scope(scope), decision.pick_slot()) {
-            let keys = Self::identity_keys(req);
+            let keys = keys.take().unwrap_or_else(|| Self::identity_keys(req));
             let chain = keys.as_deref().unwrap_or(req.block_hashes);
             if let Some(&last) = chain.last() {
                 // Handed over before the ticket is shared: an event storing

@@ -28,7 +28,7 @@
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 
-use super::wire::{MAX_ID_BYTES, Refusal, VERSION};
+use super::wire::{MAX_ID_BYTES, Refusal, VERSION, check_id, check_version};
 use crate::core::index::{IndexEvent, Tier};
 use crate::core::scope::{ScopeKey, ScopeRef};
 
@@ -224,12 +224,6 @@ struct WireEngineState {
     fence: u64,
     #[prost(message, repeated, tag = "4")]
     events: Vec<WireEvent>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct VersionOnly {
-    #[prost(uint32, tag = "1")]
-    v: u32,
 }
 
 fn tier_code(tier: Tier) -> u32 {
@@ -441,18 +435,6 @@ pub fn encode_batch(batch: &KvBatch) -> Vec<u8> {
     .encode_to_vec()
 }
 
-/// Checks the size and the version before anything else is read.
-fn check_version(bytes: &[u8], limit: usize) -> Result<(), Refusal> {
-    if bytes.len() > limit {
-        return Err(Refusal::Oversized);
-    }
-    match VersionOnly::decode(bytes) {
-        Ok(VersionOnly { v: 0 }) | Err(_) => Err(Refusal::Malformed),
-        Ok(VersionOnly { v }) if v != VERSION => Err(Refusal::ForeignVersion),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// The batch in `bytes`, or why it is refused: nothing of a refused batch is
 /// applied, not even its valid events.
 pub fn decode_batch(bytes: &[u8]) -> Result<KvBatch, Refusal> {
@@ -524,14 +506,6 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<IndexSnapshot, Refusal> {
         writer: s.writer,
         engines,
     })
-}
-
-fn check_id(id: &str) -> Result<(), Refusal> {
-    if id.is_empty() || id.len() > MAX_ID_BYTES {
-        Err(Refusal::Malformed)
-    } else {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

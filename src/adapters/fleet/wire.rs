@@ -161,12 +161,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
     if bytes.first() == Some(&b'{') {
         return Err(Refusal::ForeignVersion);
     }
-    // An absent version (0) is not a format: garbage, or an empty body.
-    match VersionOnly::decode(bytes) {
-        Ok(VersionOnly { v: 0 }) | Err(_) => return Err(Refusal::Malformed),
-        Ok(VersionOnly { v }) if v != VERSION => return Err(Refusal::ForeignVersion),
-        Ok(_) => {}
-    }
+    check_version(bytes, MAX_MESSAGE_BYTES)?;
     let e = Envelope::decode(bytes).map_err(|_| Refusal::Malformed)?;
     let fact = match e.fact.ok_or(Refusal::Malformed)? {
         WireFact::Routed(r) => {
@@ -198,7 +193,22 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
     })
 }
 
-fn check_id(id: &str) -> Result<(), Refusal> {
+/// Checks the size, then the version, before anything else is read (the KV
+/// event stream's messages too). An absent version (0) is not a format:
+/// garbage, or an empty body.
+pub(super) fn check_version(bytes: &[u8], limit: usize) -> Result<(), Refusal> {
+    if bytes.len() > limit {
+        return Err(Refusal::Oversized);
+    }
+    match VersionOnly::decode(bytes) {
+        Ok(VersionOnly { v: 0 }) | Err(_) => Err(Refusal::Malformed),
+        Ok(VersionOnly { v }) if v != VERSION => Err(Refusal::ForeignVersion),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// An id must be non-empty and at most [`MAX_ID_BYTES`].
+pub(super) fn check_id(id: &str) -> Result<(), Refusal> {
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         Err(Refusal::Malformed)
     } else {
