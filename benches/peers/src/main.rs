@@ -24,7 +24,8 @@
 //! (this binary re-run with `--memory NAME`), so one index's freed memory never
 //! hides another's growth.
 //!
-//! Environment: IC_PEERS_ROUNDS (default 5), IC_PEERS_LOOKUPS (default 100000).
+//! Environment: IC_PEERS_ROUNDS (default 5), IC_PEERS_LOOKUPS (default 100000),
+//! IC_PEERS_ONLY (a comma-separated list of index names, to profile one alone).
 
 #![forbid(unsafe_code)]
 
@@ -384,6 +385,9 @@ fn main() {
     };
     let rounds = env("IC_PEERS_ROUNDS", 5).max(1);
     let lookups = env("IC_PEERS_LOOKUPS", 100_000).max(2);
+    let only: Option<Vec<String>> = std::env::var("IC_PEERS_ONLY")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
     let exe = std::env::current_exe().expect("own executable path");
     let mut bytes = [0.0f64; NAMES.len()];
     for (i, name) in NAMES.iter().enumerate() {
@@ -407,6 +411,9 @@ fn main() {
         // Interleaved, and the order rotated so no index always runs first.
         for k in 0..NAMES.len() {
             let i = (k + r) % NAMES.len();
+            if !only.as_ref().is_none_or(|o| o.iter().any(|n| n == NAMES[i])) {
+                continue;
+            }
             let mut f = round(NAMES[i], &w);
             f.bytes = bytes[i];
             eprintln!(
@@ -425,7 +432,9 @@ fn main() {
         }
     }
     let results = results.lock().expect("results");
-    report(&results);
+    if only.is_none() {
+        report(&results);
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

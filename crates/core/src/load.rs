@@ -75,6 +75,10 @@ pub struct ReplicaLoad {
     /// Requests this sidecar admitted here since the last report and still in
     /// flight: the engine's count cannot include them yet.
     pub(crate) inflight_since_report: AtomicU64,
+    /// Those of them whose prefill has not ended: waiting for, or in, their
+    /// prefill. Flow control's waiting bound adds these to the engine's reported
+    /// waiting count; a request past its prefill is decoding, not waiting.
+    pub(crate) prefilling_since_report: AtomicU64,
     /// Requests routed here lately (the share bound): this sidecar's, and
     /// other sidecars' as the engine's scrapes show them.
     pub(crate) recent: RecentRoutes,
@@ -128,6 +132,7 @@ impl ReplicaLoad {
         self.engine_queue_at.store(at.max(1), Ordering::Relaxed);
         self.report_epoch.fetch_add(1, Ordering::Relaxed);
         self.inflight_since_report.store(0, Ordering::Relaxed);
+        self.prefilling_since_report.store(0, Ordering::Relaxed);
         self.peer_since_report.store(0, Ordering::Relaxed);
     }
 
@@ -187,6 +192,13 @@ impl ReplicaLoad {
     /// still in flight (the report cannot include them yet).
     pub fn sent_since_report(&self) -> u64 {
         self.inflight_since_report.load(Ordering::Relaxed)
+    }
+
+    /// Requests this sidecar admitted here since the engine's last report whose
+    /// prefill has not ended (the engine's event storing their last block, or
+    /// their response, ends it): what may wait there that the report cannot show.
+    pub fn prefilling_since_report(&self) -> u64 {
+        self.prefilling_since_report.load(Ordering::Relaxed)
     }
 
     /// The uncached prompt tokens of those requests (the prefill backlog),

@@ -443,7 +443,7 @@ impl Router {
             other.for_each_endpoint(|endpoint, live| {
                 let l = &live.load;
                 let e = elsewhere.entry(endpoint.clone()).or_default();
-                e.since_report += l.sent_since_report();
+                e.since_report += l.prefilling_since_report();
                 e.inflight += l.inflight_requests();
                 e.backlog_tokens += l.inflight_tokens();
             });
@@ -471,7 +471,7 @@ impl Router {
                 Pressure {
                     engine_waiting: load.engine_waiting(now_ns, max_age),
                     sent_since_report: if fresh {
-                        load.sent_since_report() + other.since_report
+                        load.prefilling_since_report() + other.since_report
                     } else {
                         load.inflight_requests() + other.inflight
                     },

@@ -8,8 +8,11 @@
 //!   count as much as many short ones, and it is known the moment a request is
 //!   routed, not a scrape later;
 //! - **waiting requests**: the engine's own waiting count plus what this fleet
-//!   sent it since that report reaches `max_waiting` (traffic from outside the
-//!   fleet shows only here);
+//!   sent it since that report and still prefilling reaches `max_waiting`
+//!   (traffic from outside the fleet shows only here). A request whose prefill
+//!   ended (the engine's event stored its last block) is decoding, not waiting:
+//!   it leaves the count at once, so held requests go as fast as the engine
+//!   takes them, not in a burst after each report;
 //! - **KV cache**: nearly full (`kv_usage_limit`) while anything waits there (a
 //!   full cache with nothing waiting is a warm cache, not a busy one).
 //!
@@ -22,8 +25,8 @@
 pub struct Pressure {
     /// The engine's last reported waiting count (0 when it never reported).
     pub engine_waiting: u64,
-    /// Requests this fleet routed there since that report (or in flight, when the
-    /// engine does not report).
+    /// Requests this fleet routed there since that report whose prefill has not
+    /// ended (or in flight, when the engine does not report).
     pub sent_since_report: u64,
     /// The engine's KV cache usage 0..1, when reported.
     pub kv_usage: Option<f64>,

@@ -61,6 +61,9 @@ pub(crate) struct Prefill {
     /// Set before the ticket is shared (so no event can release it first).
     request: AtomicBool,
     admitted_at: Timestamp,
+    /// The replica's report epoch at admission: the prefill's end leaves "sent
+    /// since the report" prefilling only if no report came in between.
+    epoch: u64,
     /// The route as the fleet sees it: its prefill end (or release, when this
     /// carries the request) is published with it.
     shared: OnceLock<Arc<SharedRoute>>,
@@ -72,7 +75,9 @@ impl Prefill {
     pub fn release(&self) -> bool {
         let n = self.tokens.swap(0, Ordering::Relaxed);
         if n > 0 {
-            saturating_sub(&self.cell.load().inflight_tokens, n);
+            let live = self.cell.load();
+            saturating_sub(&live.inflight_tokens, n);
+            prefill_ended(live, self.epoch);
         }
         // The request's prefill is over, not the request: it decodes on, so it
         // stays in "sent since the last report" until the engine's next report,
@@ -118,6 +123,14 @@ fn release_request(live: &ReplicaLoad, epoch: u64) {
     }
 }
 
+/// A request's prefill is over: it no longer waits at the replica. One admitted
+/// before the engine's last report is in the engine's count, not in "sent since".
+fn prefill_ended(live: &ReplicaLoad, epoch: u64) {
+    if live.report_epoch.load(Ordering::Relaxed) == epoch {
+        saturating_sub(&live.prefilling_since_report, 1);
+    }
+}
+
 fn saturating_sub(c: &AtomicU64, n: u64) {
     let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
         Some(v.saturating_sub(n))
@@ -132,6 +145,7 @@ impl Inflight {
             .fetch_add(uncached_tokens, Ordering::Relaxed);
         let epoch = live.report_epoch.load(Ordering::Relaxed);
         live.inflight_since_report.fetch_add(1, Ordering::Relaxed);
+        live.prefilling_since_report.fetch_add(1, Ordering::Relaxed);
         if now.as_nanos() > 0 {
             live.recent.note(now.as_nanos());
             live.fleet.note_sent();
@@ -142,6 +156,7 @@ impl Inflight {
                 tokens: AtomicU64::new(uncached_tokens),
                 request: AtomicBool::new(false),
                 admitted_at: now,
+                epoch,
                 shared: OnceLock::new(),
             })
         });
@@ -191,7 +206,9 @@ impl Inflight {
     /// does. Nothing happens when it has a prefill ticket.
     pub(crate) fn end_prefill_now(&mut self) {
         if self.prefill.is_none() && !self.handed_over {
-            saturating_sub(&self.cell.load().inflight, 1);
+            let live = self.cell.load();
+            saturating_sub(&live.inflight, 1);
+            prefill_ended(live, self.epoch);
             self.handed_over = true;
             if let Some(shared) = &self.shared {
                 shared.released();
@@ -248,8 +265,12 @@ impl Drop for Inflight {
         if let Some(shared) = &self.shared {
             shared.released();
         }
-        if let Some(p) = &self.prefill {
-            p.release();
+        match &self.prefill {
+            Some(p) => {
+                p.release();
+            }
+            // No ticket: the prefill (if any was left) ends with the request.
+            None => prefill_ended(self.cell.load(), self.epoch),
         }
     }
 }

@@ -354,3 +354,63 @@ fn a_request_past_its_prefill_still_loads_its_replica_until_the_next_report() {
     assert_eq!(picked(&d).as_deref(), Some("r1"));
     assert_eq!(d.spilled_from(), None);
 }
+
+/// What flow control's waiting bound reads for `id`: (the engine's reported
+/// waiting count, requests sent since that report still prefilling).
+fn waiting_pressure(router: &Router, id: &str) -> (u64, u64) {
+    let serving: Vec<String> = vec![id.to_owned()];
+    let p = router.pressures(acme(), &serving, t0());
+    assert_eq!(p.len(), 1);
+    (p[0].engine_waiting, p[0].sent_since_report)
+}
+
+#[test]
+fn a_request_past_its_prefill_stops_counting_as_waiting_at_once() {
+    let router = reported_fleet();
+    // Three requests to r1 since its report, all prefilling: three waiting.
+    let guards: Vec<Inflight> = (0..3)
+        .map(|i| route_until_prefill_end(&router, "r1", &[900 + i], 16, t0()))
+        .collect();
+    assert_eq!(waiting_pressure(&router, "r1"), (0, 3));
+    // The engine stores the first one's last block: it decodes, it no longer
+    // waits, though the load rule still counts it until the next report.
+    store(&router, "r1", &[900]);
+    assert_eq!(waiting_pressure(&router, "r1"), (0, 2));
+    // Its response ending changes nothing more; ended twice, it counts once.
+    drop(guards);
+    store(&router, "r1", &[900]);
+    assert_eq!(waiting_pressure(&router, "r1"), (0, 2));
+    // A report: the engine's own count takes over; the two still prefilling
+    // were admitted before it, so their ends do not take from later requests.
+    report_queue(&router, "r1", 2, 1, t0());
+    let later = route_until_prefill_end(&router, "r1", &[950], 16, t0());
+    assert_eq!(waiting_pressure(&router, "r1"), (2, 1));
+    store(&router, "r1", &[901]);
+    store(&router, "r1", &[902]);
+    assert_eq!(waiting_pressure(&router, "r1"), (2, 1));
+    store(&router, "r1", &[950]);
+    assert_eq!(waiting_pressure(&router, "r1"), (2, 0));
+    drop(later);
+}
+
+#[test]
+fn a_fully_cached_request_or_one_ended_by_its_response_stops_counting_as_waiting() {
+    let router = reported_fleet();
+    // No live event feed for r3's blocks is needed: the guard ends it.
+    let guard = route(&router, "r3", &[960], 16);
+    assert_eq!(waiting_pressure(&router, "r3").1, 1);
+    drop(guard);
+    assert_eq!(waiting_pressure(&router, "r3").1, 0);
+    // A prompt r1 holds whole brings no prefill: it never waits for one.
+    let cached = req(&[1, 2, 3, 4, 5, 6]).candidates(&["r1", "r3"]);
+    let d = lookup(&router, &cached);
+    assert_eq!(picked(&d).as_deref(), Some("r1"));
+    let held = router
+        .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
+        .expect("a pick to admit");
+    assert!(held.ends_with_prefill());
+    assert_eq!(held.uncached_tokens(), 0);
+    assert_eq!(waiting_pressure(&router, "r1").1, 0);
+    drop(held);
+    assert_eq!(waiting_pressure(&router, "r1").1, 0);
+}
