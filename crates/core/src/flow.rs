@@ -9,11 +9,6 @@
 //!    tenant's isolation mode is `Fairness` (each tenant's share follows its
 //!    `CacheTenant.spec.weight`), otherwise first come, first served.
 //!
-//! 3. across what is held and what is not, the tenants' recent service
-//!    ([`shares::Shares`]): a `Fairness` tenant served more per weight than one
-//!    being shed is shed itself, so flooding tenants share by weight even when
-//!    releases come in bursts.
-//!
 //! The queue is bounded (`maxQueuedRequests`): when full, the lowest-priority
 //! request is shed — the newcomer when nothing queued is lower, else the newest
 //! entry of the lowest band. A request waiting longer than `maxQueueWait` is shed
@@ -24,6 +19,5 @@
 
 mod queue;
 pub mod saturation;
-pub mod shares;
 
 pub use queue::{Admission, FlowQueue, Held, QueueLimits, Request, ShedReason, Ticket};

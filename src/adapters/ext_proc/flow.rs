@@ -36,7 +36,6 @@ use tokio::sync::{Notify, oneshot};
 use crate::adapters::metrics::flow::FlowMetrics;
 use crate::core::Router;
 use crate::core::flow::saturation::{Thresholds, all_saturated};
-use crate::core::flow::shares::Shares;
 use crate::core::flow::{Admission, FlowQueue, QueueLimits, Request, ShedReason, Ticket};
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
@@ -127,10 +126,6 @@ impl Drop for Pending {
 struct Waiter {
     tx: oneshot::Sender<Outcome>,
     tenant: String,
-    /// The tenant's weight under `Fairness` (its service is counted), and the
-    /// request's prompt tokens.
-    fair_weight: Option<u32>,
-    tokens: u64,
     hash_scheme: String,
     candidates: Vec<String>,
     retry_after_secs: u64,
@@ -150,9 +145,6 @@ pub struct FlowGate {
     metrics: Arc<FlowMetrics>,
     thresholds: Thresholds,
     queues: parking_lot::Mutex<HashMap<String, ModelQueue>>,
-    /// Per model, what each `Fairness` tenant was served and shed lately. Taken
-    /// after `queues` when both are held, never before.
-    shares: parking_lot::Mutex<HashMap<String, Shares>>,
     /// Requests held now, read without the lock by [`FlowGate::nudge`].
     held: AtomicUsize,
     wake: Arc<Notify>,
@@ -166,7 +158,6 @@ impl FlowGate {
             metrics,
             thresholds,
             queues: parking_lot::Mutex::new(HashMap::new()),
-            shares: parking_lot::Mutex::new(HashMap::new()),
             held: AtomicUsize::new(0),
             wake: Arc::new(Notify::new()),
             pump: std::sync::OnceLock::new(),
@@ -217,9 +208,6 @@ impl FlowGate {
             max_queued: usize::try_from(fc.max_queued).unwrap_or(usize::MAX),
             max_wait: fc.max_queue_wait,
         };
-        let retry_after_secs = limits.retry_after_secs();
-        let tokens = request_tokens(fields);
-        let fair_weight = tenant.fair_weight;
         let mut queues = self.queues.lock();
         let queued_before = queues
             .get(&fields.model)
@@ -232,29 +220,7 @@ impl FlowGate {
                 &self.thresholds.with_backlog(fc.max_backlog_tokens),
             )
         {
-            drop(queues);
-            if let Some(weight) = fair_weight {
-                self.note_served(&fields.model, &fields.tenant, weight, tokens, now);
-            }
             return Gate::Pass;
-        }
-        // A `Fairness` tenant served more per weight than another being shed is
-        // over its share: rather than held, it is shed (a replica with room and
-        // nothing held still takes it: that room would go unused).
-        if let Some(weight) = fair_weight {
-            let mut shares = self.shares.lock();
-            let model = shares.entry(fields.model.clone()).or_default();
-            if model.over_share(&fields.tenant, weight, now) {
-                model.shed(&fields.tenant, weight, now);
-                drop(shares);
-                drop(queues);
-                self.metrics.record_shed(ShedReason::QueueFull);
-                return Gate::Shed(Shed {
-                    reason: ShedReason::QueueFull,
-                    retry_after_secs,
-                    waited: Duration::ZERO,
-                });
-            }
         }
         let mq = queues
             .entry(fields.model.clone())
@@ -264,21 +230,20 @@ impl FlowGate {
                 in_transit: Arc::new(AtomicUsize::new(0)),
             });
         mq.queue.set_limits(limits);
+        let tokens = request_tokens(fields);
         let admission = mq.queue.enqueue(
             Request {
                 priority,
                 tenant: &fields.tenant,
-                fair_weight,
+                fair_weight: tenant.fair_weight,
                 tokens,
             },
             now,
         );
+        let retry_after_secs = limits.retry_after_secs();
         let ticket = match admission {
             Admission::Shed => {
                 drop(queues);
-                if let Some(weight) = fair_weight {
-                    self.note_shed(&fields.model, &fields.tenant, weight, now);
-                }
                 self.metrics.record_shed(ShedReason::QueueFull);
                 return Gate::Shed(Shed {
                     reason: ShedReason::QueueFull,
@@ -289,7 +254,7 @@ impl FlowGate {
             Admission::Held(t) => t,
             Admission::HeldEvicting { held, evicted } => {
                 if let Some(w) = mq.waiters.remove(&evicted) {
-                    self.shed_waiter(&fields.model, w, ShedReason::Priority, now);
+                    self.shed_waiter(w, ShedReason::Priority, now);
                 }
                 held
             }
@@ -300,8 +265,6 @@ impl FlowGate {
             Waiter {
                 tx,
                 tenant: fields.tenant.clone(),
-                fair_weight,
-                tokens,
                 hash_scheme: fields.hash_scheme.clone(),
                 candidates: candidates.to_vec(),
                 retry_after_secs,
@@ -344,7 +307,7 @@ impl FlowGate {
         for (model, mq) in queues.iter_mut() {
             for t in mq.queue.expire(now) {
                 if let Some(w) = mq.waiters.remove(&t) {
-                    self.shed_waiter(model, w, ShedReason::QueueTimeout, now);
+                    self.shed_waiter(w, ShedReason::QueueTimeout, now);
                 }
             }
             while mq.in_transit.load(Ordering::Acquire) == 0 {
@@ -372,9 +335,6 @@ impl FlowGate {
                 let Some(w) = mq.waiters.remove(&released.ticket) else {
                     continue;
                 };
-                if let Some(weight) = w.fair_weight {
-                    self.note_served(model, &w.tenant, weight, w.tokens, now);
-                }
                 mq.in_transit.fetch_add(1, Ordering::AcqRel);
                 let transit = Transit {
                     count: mq.in_transit.clone(),
@@ -392,7 +352,6 @@ impl FlowGate {
             }
         }
         queues.retain(|_, mq| !mq.queue.is_empty() || mq.in_transit.load(Ordering::Acquire) > 0);
-        self.shares.lock().retain(|_, s| !s.forget_idle(now));
         self.recount(&queues);
         let next_deadline = queues
             .values()
@@ -408,34 +367,13 @@ impl FlowGate {
         })
     }
 
-    fn shed_waiter(&self, model: &str, w: Waiter, reason: ShedReason, now: Timestamp) {
-        if let Some(weight) = w.fair_weight {
-            self.note_shed(model, &w.tenant, weight, now);
-        }
+    fn shed_waiter(&self, w: Waiter, reason: ShedReason, now: Timestamp) {
         self.metrics.record_shed(reason);
         let _ = w.tx.send(Outcome::Shed(Shed {
             reason,
             retry_after_secs: w.retry_after_secs,
             waited: now.since(w.enqueued_at),
         }));
-    }
-
-    /// A `Fairness` tenant's request went to a replica.
-    fn note_served(&self, model: &str, tenant: &str, weight: u32, tokens: u64, now: Timestamp) {
-        self.shares
-            .lock()
-            .entry(model.to_owned())
-            .or_default()
-            .served(tenant, weight, tokens, now);
-    }
-
-    /// A `Fairness` tenant's request was shed: it wants more than it gets.
-    fn note_shed(&self, model: &str, tenant: &str, weight: u32, now: Timestamp) {
-        self.shares
-            .lock()
-            .entry(model.to_owned())
-            .or_default()
-            .shed(tenant, weight, now);
     }
 
     /// Refreshes the held count and the depth metric (under the lock).
