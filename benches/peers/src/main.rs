@@ -46,12 +46,12 @@ pub const GROUPS: usize = 50;
 /// splitmix64: a seeded, well-mixed generator.
 pub struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         mix(self.0)
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -411,7 +411,10 @@ fn main() {
         // Interleaved, and the order rotated so no index always runs first.
         for k in 0..NAMES.len() {
             let i = (k + r) % NAMES.len();
-            if !only.as_ref().is_none_or(|o| o.iter().any(|n| n == NAMES[i])) {
+            if !only
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|n| n == NAMES[i]))
+            {
                 continue;
             }
             let mut f = round(NAMES[i], &w);
@@ -444,7 +447,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn report(results: &[Vec<Figures>]) {
     type Get = fn(&Figures) -> f64;
-    let rows: [(&str, Get, fn(f64) -> String); 9] = [
+    type Show = fn(f64) -> String;
+    let rows: [(&str, Get, Show); 9] = [
         ("decision median ↓", |f| f.median, |v| format!("{v:.2} µs")),
         ("decision p99 ↓", |f| f.p99, |v| format!("{v:.2} µs")),
         (

@@ -77,9 +77,6 @@ impl<T: SyncIndexer> Dynamo<T> {
             let local: Vec<LocalBlockHash> =
                 seq.content.iter().map(|&c| LocalBlockHash(c)).collect();
             compute_seq_hash_for_block(&local)
-                .into_iter()
-                .map(|h| h as u64)
-                .collect()
         } else {
             seq.chain.clone()
         }
