@@ -195,6 +195,24 @@ fn route_until_prefill_end(
         .expect("a pick to admit")
 }
 
+/// A prompt r1 holds whole (blocks 1–6; r3 the other candidate).
+fn cached_on_r1() -> Req {
+    req(&[1, 2, 3, 4, 5, 6]).candidates(&["r1", "r3"])
+}
+
+/// [`cached_on_r1`] decided and admitted on r1 until its prefill's end, which
+/// is at once (every block cached, r1's signals live).
+fn admit_cached_on_r1(router: &Router) -> Inflight {
+    let cached = cached_on_r1();
+    let d = lookup(router, &cached);
+    assert_eq!(picked(&d).as_deref(), Some("r1"));
+    let held = router
+        .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
+        .expect("a pick to admit");
+    assert!(held.ends_with_prefill());
+    held
+}
+
 /// [`fleet`] whose engines all reported an empty queue at t0.
 fn reported_fleet() -> Router {
     let (router, _) = fleet(ResolvedPolicy::default());
@@ -263,15 +281,8 @@ fn a_fully_cached_request_has_no_prefill_to_wait_for() {
     // Every block cached: out of our count at once, but in "sent since the
     // report" until the engine's next one. Three make r1 overloaded among four
     // (over 1.25 × 0.75 + 2).
-    let cached = req(&[1, 2, 3, 4, 5, 6]).candidates(&["r1", "r3"]);
     for _ in 0..3 {
-        let d = lookup(&router, &cached);
-        assert_eq!(picked(&d).as_deref(), Some("r1"));
-        let held = router
-            .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
-            .expect("a pick");
-        assert!(held.ends_with_prefill());
-        drop(held);
+        drop(admit_cached_on_r1(&router));
     }
     assert_eq!(backlog(&router, "r1"), (0, 0));
     assert_eq!(lookup(&router, &r).spilled_from(), Some("r1"));
@@ -279,6 +290,7 @@ fn a_fully_cached_request_has_no_prefill_to_wait_for() {
     assert_eq!(lookup(&router, &r).spilled_from(), None);
     // Without a fresh report it counts until its guard drops, as before.
     let (unreported, _) = fleet(ResolvedPolicy::default());
+    let cached = cached_on_r1();
     let d = lookup(&unreported, &cached);
     let held = unreported
         .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
@@ -396,19 +408,14 @@ fn a_request_past_its_prefill_stops_counting_as_waiting_at_once() {
 #[test]
 fn a_fully_cached_request_or_one_ended_by_its_response_stops_counting_as_waiting() {
     let router = reported_fleet();
-    // No live event feed for r3's blocks is needed: the guard ends it.
+    // Admitted to be let go by its response (not by the engine's event): the
+    // guard dropping ends its prefill too.
     let guard = route(&router, "r3", &[960], 16);
     assert_eq!(waiting_pressure(&router, "r3").1, 1);
     drop(guard);
     assert_eq!(waiting_pressure(&router, "r3").1, 0);
     // A prompt r1 holds whole brings no prefill: it never waits for one.
-    let cached = req(&[1, 2, 3, 4, 5, 6]).candidates(&["r1", "r3"]);
-    let d = lookup(&router, &cached);
-    assert_eq!(picked(&d).as_deref(), Some("r1"));
-    let held = router
-        .admit_until_prefill_end(&d, &cached.as_lookup(), t0())
-        .expect("a pick to admit");
-    assert!(held.ends_with_prefill());
+    let held = admit_cached_on_r1(&router);
     assert_eq!(held.uncached_tokens(), 0);
     assert_eq!(waiting_pressure(&router, "r1").1, 0);
     drop(held);
