@@ -20,4 +20,7 @@
 mod queue;
 pub mod saturation;
 
-pub use queue::{Admission, FlowQueue, Held, QueueLimits, Request, ShedReason, Ticket};
+pub use queue::{
+    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, QueueLimits, Request,
+    ShedReason, Ticket,
+};

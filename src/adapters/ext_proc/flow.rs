@@ -208,38 +208,46 @@ impl FlowGate {
             max_queued: usize::try_from(fc.max_queued).unwrap_or(usize::MAX),
             max_wait: fc.max_queue_wait,
         };
+        let request = Request {
+            priority,
+            tenant: &fields.tenant,
+            fair_weight: tenant.fair_weight,
+            tokens: request_tokens(fields),
+        };
         let mut queues = self.queues.lock();
         let queued_before = queues
             .get(&fields.model)
             .is_some_and(|q| !q.queue.is_empty());
         // Nothing held for the model and a replica with room: the decision runs
-        // exactly as without flow control.
-        if !queued_before
+        // exactly as without flow control, and the request is charged to its
+        // tenant's lane (what it is served counts when the queue fills again).
+        let pass = !queued_before
             && !all_saturated(
                 self.router.pressures(scope, candidates, now),
                 &self.thresholds.with_backlog(fc.max_backlog_tokens),
-            )
-        {
+            );
+        if !queues.contains_key(&fields.model) {
+            // A new model's queue: first drop those with nothing held or
+            // remembered, so names seen once do not accumulate.
+            forget_idle(&mut queues, now);
+            queues.insert(
+                fields.model.clone(),
+                ModelQueue {
+                    queue: FlowQueue::new(limits),
+                    waiters: HashMap::new(),
+                    in_transit: Arc::new(AtomicUsize::new(0)),
+                },
+            );
+        }
+        let Some(mq) = queues.get_mut(&fields.model) else {
+            return Gate::Pass;
+        };
+        if pass {
+            mq.queue.charge(request, now);
             return Gate::Pass;
         }
-        let mq = queues
-            .entry(fields.model.clone())
-            .or_insert_with(|| ModelQueue {
-                queue: FlowQueue::new(limits),
-                waiters: HashMap::new(),
-                in_transit: Arc::new(AtomicUsize::new(0)),
-            });
         mq.queue.set_limits(limits);
-        let tokens = request_tokens(fields);
-        let admission = mq.queue.enqueue(
-            Request {
-                priority,
-                tenant: &fields.tenant,
-                fair_weight: tenant.fair_weight,
-                tokens,
-            },
-            now,
-        );
+        let admission = mq.queue.enqueue(request, now);
         let retry_after_secs = limits.retry_after_secs();
         let ticket = match admission {
             Admission::Shed => {
@@ -292,9 +300,6 @@ impl FlowGate {
         if let Some(mq) = queues.get_mut(model) {
             mq.queue.cancel(ticket);
             mq.waiters.remove(&ticket);
-            if mq.queue.is_empty() && mq.in_transit.load(Ordering::Acquire) == 0 {
-                queues.remove(model);
-            }
         }
         self.recount(&queues);
     }
@@ -351,7 +356,7 @@ impl FlowGate {
                 }
             }
         }
-        queues.retain(|_, mq| !mq.queue.is_empty() || mq.in_transit.load(Ordering::Acquire) > 0);
+        forget_idle(&mut queues, now);
         self.recount(&queues);
         let next_deadline = queues
             .values()
@@ -416,6 +421,15 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
             None => wake.notified().await,
         }
     }
+}
+
+/// Drops the queues with nothing held, nothing in transit and no tenant's
+/// service remembered.
+fn forget_idle(queues: &mut HashMap<String, ModelQueue>, now: Timestamp) {
+    queues.retain(|_, mq| {
+        mq.queue.prune(now);
+        !mq.queue.is_forgotten() || mq.in_transit.load(Ordering::Acquire) > 0
+    });
 }
 
 /// A request's cost under fair queuing: its prompt tokens as its headers (or

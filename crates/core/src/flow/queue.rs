@@ -9,6 +9,16 @@
 //! claiming the service it did not use. Tenants not in `Fairness` mode share one
 //! first-come, first-served lane of the band (weight 1, FIFO by arrival).
 //!
+//! Every request a band serves is charged to its lane, held or not: a request
+//! that finds a replica with room while nothing is held ([`FlowQueue::charge`])
+//! moves its lane's last finish tag as if it had been enqueued and released at
+//! once. So a tenant that took more than its share while the queue was empty
+//! queues behind the others when the queue fills again. The lead an idle lane
+//! holds over the band clock halves every [`FAIRNESS_HALF_LIFE`] (service more
+//! than a few seconds old no longer counts), and a lane idle for
+//! [`FAIRNESS_MEMORY`] is forgotten; a band lives while it holds requests or
+//! remembers a lane.
+//!
 //! A request removed before its turn (cancel, timeout, eviction) is refunded:
 //! its tenant's later requests are retagged as if it had never been enqueued,
 //! so a tenant whose requests time out under overload is charged only for what
@@ -24,6 +34,14 @@ use crate::time::Timestamp;
 /// Fixed-point scale of virtual time: tags are tokens × this / weight, so a
 /// weight up to this value still advances the clock on a one-token request.
 const VIRTUAL_SCALE: u128 = 1 << 20;
+
+/// How fast an idle lane's lead over its band clock fades: halved every second,
+/// so fairness weighs about the last second and a half of service.
+pub const FAIRNESS_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// An empty lane untouched this long is forgotten (its lead is below 1/1000 of
+/// what it was): the tenant re-enters at the band clock.
+pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,9 +119,38 @@ struct Entry {
 struct Lane {
     entries: VecDeque<Entry>,
     last_finish: u128,
+    /// When `last_finish` last moved or the lane last emptied: an empty lane's
+    /// lead over the band clock fades from then.
+    touched: Timestamp,
 }
 
 impl Lane {
+    /// The start tag of the lane's next request: its last finish, or the band
+    /// clock when that is later. An empty lane's lead over the clock fades by
+    /// half every [`FAIRNESS_HALF_LIFE`] since it was touched; a backlogged
+    /// lane's does not (its requests follow one another).
+    fn next_start(&self, clock: u128, now: Timestamp) -> u128 {
+        if self.last_finish <= clock {
+            return clock;
+        }
+        if !self.entries.is_empty() {
+            return self.last_finish;
+        }
+        let lead = self.last_finish - clock;
+        let halvings = now.since(self.touched).as_secs_f64() / FAIRNESS_HALF_LIFE.as_secs_f64();
+        // Rounding through f64 shortens a fading lead by at most one part in 2^52.
+        clock + (lead as f64 * 0.5f64.powf(halvings)) as u128
+    }
+
+    /// Charges a request of `cost` starting now; its (start, finish) tags.
+    fn charge(&mut self, clock: u128, cost: u128, now: Timestamp) -> (u128, u128) {
+        let start = self.next_start(clock, now);
+        let finish = start + cost.max(1);
+        self.last_finish = finish;
+        self.touched = now;
+        (start, finish)
+    }
+
     /// Takes `ticket` out of the lane and retags the later requests as if it had
     /// never been enqueued: a request whose start was its predecessor's finish
     /// (the lane was backlogged) starts where its new predecessor finishes now,
@@ -140,6 +187,17 @@ struct Band {
     lanes: HashMap<Option<String>, Lane>,
     clock: u128,
     len: usize,
+}
+
+impl Band {
+    /// The lane of a request, and its cost in virtual time.
+    fn lane_of(&mut self, req: &Request<'_>) -> (Option<String>, &mut Lane, u128) {
+        let key = req.fair_weight.map(|_| req.tenant.to_owned());
+        let weight = u128::from(req.fair_weight.unwrap_or(1).max(1));
+        let cost = u128::from(req.tokens.max(1)) * VIRTUAL_SCALE / weight;
+        let lane = self.lanes.entry(key.clone()).or_default();
+        (key, lane, cost)
+    }
 }
 
 #[derive(Debug)]
@@ -203,7 +261,45 @@ impl FlowQueue {
 
     /// Held requests per priority band, highest band first (the depth metric).
     pub fn depth_by_band(&self) -> Vec<(i64, usize)> {
-        self.bands.iter().map(|(p, b)| (p.0, b.len)).collect()
+        self.bands
+            .iter()
+            .filter(|(_, b)| b.len > 0)
+            .map(|(p, b)| (p.0, b.len))
+            .collect()
+    }
+
+    /// Nothing held and no lane remembered: the queue can be dropped.
+    pub fn is_forgotten(&self) -> bool {
+        self.bands.is_empty()
+    }
+
+    /// Charges a request served without being held (a replica had room and
+    /// nothing was queued) to its lane, as if enqueued and released at once.
+    /// The band clock does not move: it follows what the queue releases.
+    pub fn charge(&mut self, req: Request<'_>, now: Timestamp) {
+        let band = self.bands.entry(Reverse(req.priority)).or_default();
+        let clock = band.clock;
+        let (_, lane, cost) = band.lane_of(&req);
+        lane.charge(clock, cost, now);
+    }
+
+    /// Forgets the empty lanes untouched for [`FAIRNESS_MEMORY`], and the bands
+    /// left with neither requests nor lanes.
+    pub fn prune(&mut self, now: Timestamp) {
+        self.bands.retain(|_, band| {
+            band.lanes.retain(|_, lane| {
+                !lane.entries.is_empty() || now.since(lane.touched) < FAIRNESS_MEMORY
+            });
+            band.len > 0 || !band.lanes.is_empty()
+        });
+    }
+
+    /// The highest band holding a request.
+    fn top_band(&self) -> Option<(i64, &Band)> {
+        self.bands
+            .iter()
+            .find(|(_, b)| b.len > 0)
+            .map(|(p, b)| (p.0, b))
     }
 
     /// Whether the ticket is still held.
@@ -220,7 +316,12 @@ impl FlowQueue {
     pub fn enqueue(&mut self, req: Request<'_>, now: Timestamp) -> Admission {
         let mut evicted = None;
         if self.where_.len() >= self.limits.max_queued {
-            let lowest = self.bands.iter().next_back().map(|(p, _)| p.0);
+            let lowest = self
+                .bands
+                .iter()
+                .rev()
+                .find(|(_, b)| b.len > 0)
+                .map(|(p, _)| p.0);
             match lowest {
                 Some(low) if low < req.priority => {
                     evicted = self.evict_newest_of(low);
@@ -233,14 +334,10 @@ impl FlowQueue {
         }
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
-        let lane_key = req.fair_weight.map(|_| req.tenant.to_owned());
-        let weight = u128::from(req.fair_weight.unwrap_or(1).max(1));
         let band = self.bands.entry(Reverse(req.priority)).or_default();
-        let lane = band.lanes.entry(lane_key.clone()).or_default();
-        let start = band.clock.max(lane.last_finish);
-        let cost = u128::from(req.tokens.max(1)) * VIRTUAL_SCALE / weight;
-        let finish = start + cost.max(1);
-        lane.last_finish = finish;
+        let clock = band.clock;
+        let (lane_key, lane, cost) = band.lane_of(&req);
+        let (start, finish) = lane.charge(clock, cost, now);
         lane.entries.push_back(Entry {
             ticket,
             enqueued_at: now,
@@ -270,7 +367,7 @@ impl FlowQueue {
     /// The ticket [`Self::release`] would hand out next, left in the queue: the
     /// adapter checks the head's replicas have room before releasing it.
     pub fn peek(&self) -> Option<Ticket> {
-        let band = self.bands.values().next()?;
+        let (_, band) = self.top_band()?;
         band.lanes
             .values()
             .filter_map(|lane| lane.entries.front().map(|e| (e.finish, e.ticket)))
@@ -281,7 +378,7 @@ impl FlowQueue {
     /// The next request to release to a replica: highest band, then the smallest
     /// finish tag among its lanes' heads (arrival order breaks ties).
     pub fn release(&mut self, now: Timestamp) -> Option<Held> {
-        let (&Reverse(priority), band) = self.bands.iter_mut().next()?;
+        let (&Reverse(priority), band) = self.bands.iter_mut().find(|(_, b)| b.len > 0)?;
         let (key, _) = band
             .lanes
             .iter()
@@ -290,6 +387,9 @@ impl FlowQueue {
         let key = key.clone();
         let lane = band.lanes.get_mut(&key)?;
         let entry = lane.entries.pop_front()?;
+        if lane.entries.is_empty() {
+            lane.touched = now;
+        }
         band.clock = band.clock.max(entry.start);
         self.forget(entry.ticket, priority);
         Some(Held {
@@ -343,22 +443,15 @@ impl FlowQueue {
         Some(newest)
     }
 
-    /// Drops the bookkeeping of a request already taken out of its lane.
-    /// An emptied lane keeps its last finish tag while its band lives, so a tenant
-    /// that empties and refills at once is still charged; `max(clock, last_finish)`
-    /// re-enters it at the band clock once it has been idle.
+    /// Drops the bookkeeping of a request already taken out of its lane. An
+    /// emptied band keeps its clock and lanes until [`Self::prune`] forgets
+    /// them, so a tenant that empties and refills is still charged.
     fn forget(&mut self, ticket: Ticket, priority: i64) {
         if let Some(loc) = self.where_.remove(&ticket) {
             self.deadlines.remove(&(loc.deadline, ticket));
         }
-        let band_key = Reverse(priority);
-        let mut band_empty = false;
-        if let Some(band) = self.bands.get_mut(&band_key) {
+        if let Some(band) = self.bands.get_mut(&Reverse(priority)) {
             band.len = band.len.saturating_sub(1);
-            band_empty = band.len == 0;
-        }
-        if band_empty {
-            self.bands.remove(&band_key);
         }
     }
 }

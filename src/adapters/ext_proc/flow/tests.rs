@@ -537,49 +537,52 @@ async fn higher_priority_is_released_first() {
     assert_eq!(order, ["5", "1", "0", "-3"]);
 }
 
-#[test]
-fn tenants_are_served_in_proportion_to_their_weight() {
-    // Two Fairness tenants of weights 1 and 3, equal requests, both backlogged:
-    // the release order gives the heavier three of every four.
-    let router = mk_router(
-        &[("light", Some(1)), ("heavy", Some(3))],
-        &THREE[..1],
-        flow_policy(64, Duration::from_secs(30)),
-    );
-    for t in ["light", "heavy"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 20);
-    }
+/// A gate over `router` with the pump driven by hand.
+fn manual_gate(router: &Arc<Router>) -> Arc<FlowGate> {
     let metrics = Arc::new(crate::adapters::metrics::flow::FlowMetrics::default());
-    let gate = Arc::new(FlowGate::new(
+    Arc::new(FlowGate::new(
         router.clone(),
         metrics,
         Thresholds::default(),
-    ));
-    let fields = |tenant: &str| RoutingFields {
+    ))
+}
+
+/// A request of `tenant` for CHAIN (64 tokens).
+fn chain_fields(tenant: &str) -> RoutingFields {
+    RoutingFields {
         tenant: tenant.into(),
         model: "llama".into(),
         hash_scheme: "vllm".into(),
         block_hashes: CHAIN.to_vec(),
         block_token_counts: vec![16; CHAIN.len()],
         ..RoutingFields::default()
-    };
-    let now = Timestamp::now();
-    let mut pending = Vec::new();
-    for _ in 0..8 {
-        for t in ["light", "heavy"] {
-            match gate.admit(&fields(t), 0, &[], now) {
-                Gate::Held(p) => pending.push((t, p)),
-                _ => panic!("every replica is saturated: the request is held"),
-            }
-        }
     }
-    assert_eq!(gate.held(), 16);
-    // Both engines drain; each release waits for the last to be decided.
-    for t in ["light", "heavy"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 0);
-    }
+}
+
+/// Admits one request per tenant of `tenants`, in order; each must be held.
+fn hold_each<'a>(
+    gate: &Arc<FlowGate>,
+    tenants: &[&'a str],
+    now: Timestamp,
+) -> Vec<(&'a str, Pending)> {
+    tenants
+        .iter()
+        .map(|t| match gate.admit(&chain_fields(t), 0, &[], now) {
+            Gate::Held(p) => (*t, p),
+            _ => panic!("every replica is saturated: the request is held"),
+        })
+        .collect()
+}
+
+/// Pumps `n` times, each releasing exactly one request (the next waits for the
+/// last to be decided): the tenants in release order.
+fn release_order<'a>(
+    gate: &FlowGate,
+    pending: &mut [(&'a str, Pending)],
+    n: usize,
+) -> Vec<&'a str> {
     let mut order = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..n {
         gate.pump_once(Timestamp::now());
         let mut released = pending
             .iter_mut()
@@ -594,6 +597,66 @@ fn tenants_are_served_in_proportion_to_their_weight() {
         order.push(t);
         drop(transit);
     }
+    order
+}
+
+#[test]
+fn tenants_are_served_in_proportion_to_their_weight() {
+    // Two Fairness tenants of weights 1 and 3, equal requests, both backlogged:
+    // the release order gives the heavier three of every four.
+    let router = mk_router(
+        &[("light", Some(1)), ("heavy", Some(3))],
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
+    for t in ["light", "heavy"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 20);
+    }
+    let gate = manual_gate(&router);
+    let now = Timestamp::now();
+    let mut pending = hold_each(&gate, &["light", "heavy"].repeat(8), now);
+    assert_eq!(gate.held(), 16);
+    // Both engines drain; each release waits for the last to be decided.
+    for t in ["light", "heavy"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 0);
+    }
+    let order = release_order(&gate, &mut pending, 8);
     let heavy = order.iter().filter(|t| **t == "heavy").count();
     assert_eq!((heavy, 8 - heavy), (6, 2), "{order:?}");
+}
+
+#[test]
+fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
+    let router = mk_router(
+        &[("busy", Some(1)), ("quiet", Some(1))],
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
+    let gate = manual_gate(&router);
+    let now = Timestamp::now();
+    // Below saturation "busy" is served three requests straight through.
+    for _ in 0..3 {
+        assert!(matches!(
+            gate.admit(&chain_fields("busy"), 0, &[], now),
+            Gate::Pass
+        ));
+    }
+    assert_eq!(gate.held(), 0);
+    for t in ["busy", "quiet"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 20);
+    }
+    let mut pending = hold_each(&gate, &["busy", "quiet"].repeat(2), now);
+    for t in ["busy", "quiet"] {
+        report(&router, t, "r1", "127.0.0.1:8001", 0);
+    }
+    // "quiet" catches up first; without the charge they would alternate.
+    let order = release_order(&gate, &mut pending, 4);
+    assert_eq!(order, ["quiet", "quiet", "busy", "busy"]);
+    // The model's queue is remembered for the fairness memory, then dropped.
+    drop(pending);
+    let later = Timestamp::now();
+    gate.pump_once(later);
+    assert_eq!(gate.queues.lock().len(), 1);
+    gate.pump_once(later.plus(crate::core::flow::FAIRNESS_MEMORY));
+    assert!(gate.queues.lock().is_empty());
 }

@@ -211,6 +211,95 @@ fn idle_tenant_reenters_at_band_clock_not_with_saved_credit() {
     assert!(next.contains(&busy[11]));
 }
 
+fn fair(tenant: &'static str, weight: u32) -> Request<'static> {
+    Request {
+        priority: 0,
+        tenant,
+        fair_weight: Some(weight),
+        tokens: 100,
+    }
+}
+
+/// Enqueues `a` and `b` alternately, `n` each, and returns the order the queue
+/// releases them in as tenant names.
+fn alternate(
+    q: &mut FlowQueue,
+    a: &'static str,
+    b: &'static str,
+    n: usize,
+    now: Timestamp,
+) -> String {
+    let mut owner = HashMap::new();
+    for _ in 0..n {
+        owner.insert(held(q.enqueue(fair(a, 1), now)), a);
+        owner.insert(held(q.enqueue(fair(b, 1), now)), b);
+    }
+    std::iter::from_fn(|| q.release(now))
+        .map(|h| owner[&h.ticket])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn requests_served_without_being_held_are_charged_to_their_tenant() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    // While nothing was held, "busy" was served four requests and "quiet" none.
+    for _ in 0..4 {
+        q.charge(fair("busy", 1), T0);
+    }
+    assert!(q.is_empty());
+    assert!(q.depth_by_band().is_empty());
+    // When the queue fills, "quiet" goes first until it has caught up.
+    let order = alternate(&mut q, "busy", "quiet", 6, T0);
+    assert_eq!(
+        order,
+        "quiet quiet quiet quiet busy quiet busy quiet busy busy busy busy"
+    );
+}
+
+#[test]
+fn a_tenant_that_emptied_its_lane_keeps_what_it_was_served() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    // "busy" alone: three held and released, the queue empties.
+    for _ in 0..3 {
+        held(q.enqueue(fair("busy", 1), T0));
+    }
+    while q.release(T0).is_some() {}
+    assert!(q.is_empty());
+    // The band kept its clock (the last release's start) and "busy"'s last
+    // finish one request past it: a newcomer goes first. Forgetting the band
+    // would have tied them, and "busy" enqueued first.
+    let order = alternate(&mut q, "busy", "other", 3, T0);
+    assert_eq!(order, "other busy other busy other busy");
+}
+
+#[test]
+fn what_a_tenant_was_served_fades_by_half_each_half_life() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    for _ in 0..8 {
+        q.charge(fair("busy", 1), T0);
+    }
+    // Two half-lives later a lead of eight requests counts as two.
+    let later = T0.plus(FAIRNESS_HALF_LIFE * 2);
+    let order = alternate(&mut q, "busy", "quiet", 4, later);
+    assert_eq!(order, "quiet quiet busy quiet busy quiet busy busy");
+}
+
+#[test]
+fn an_idle_lane_is_forgotten_after_the_fairness_memory() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    q.charge(fair("busy", 1), T0);
+    let a = held(q.enqueue(fair("held", 1), T0));
+    q.prune(T0.plus(FAIRNESS_MEMORY * 2));
+    // A lane holding a request is kept whatever its age; the idle one goes.
+    assert!(!q.is_forgotten());
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(a));
+    q.prune(T0.plus(FAIRNESS_MEMORY / 2));
+    assert!(!q.is_forgotten(), "remembered for the fairness memory");
+    q.prune(T0.plus(FAIRNESS_MEMORY));
+    assert!(q.is_forgotten());
+}
+
 #[test]
 fn timeout_sheds_only_the_overdue() {
     let mut q = FlowQueue::new(limits(10, 100));
@@ -309,6 +398,7 @@ enum Op {
         tokens: u64,
     },
     Release,
+    Pass(u8),
     Cancel(usize),
     Advance(u64),
 }
@@ -326,6 +416,7 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         Just(Op::Release),
+        (0u8..3).prop_map(Op::Pass),
         (0usize..64).prop_map(Op::Cancel),
         (0u64..300).prop_map(Op::Advance),
     ]
@@ -380,6 +471,15 @@ proptest! {
                         prop_assert_eq!(peeked, None);
                     }
                 },
+                Op::Pass(tenant) => q.charge(
+                    Request {
+                        priority: 0,
+                        tenant: names[tenant as usize],
+                        fair_weight: Some(1),
+                        tokens: 100,
+                    },
+                    now,
+                ),
                 Op::Cancel(i) => {
                     if !live.is_empty() {
                         let (t, _) = live.remove(i % live.len());
