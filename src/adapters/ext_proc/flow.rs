@@ -221,11 +221,20 @@ impl FlowGate {
         // Nothing held for the model and a replica with room: the decision runs
         // exactly as without flow control, and the request is charged to its
         // tenant's lane (what it is served counts when the queue fills again).
-        let pass = !queued_before
-            && !all_saturated(
-                self.router.pressures(scope, candidates, now),
+        let pass = if queued_before {
+            false
+        } else {
+            let pressures = self.router.pressures(scope, candidates, now);
+            if pressures.is_empty() {
+                // No declared replica serves the scope: the decision answers,
+                // and the queues keep no state for names no backend declares.
+                return Gate::Pass;
+            }
+            !all_saturated(
+                pressures,
                 &self.thresholds.with_backlog(fc.max_backlog_tokens),
-            );
+            )
+        };
         if !queues.contains_key(&fields.model) {
             // A new model's queue: first drop those with nothing held or
             // remembered, so names seen once do not accumulate.

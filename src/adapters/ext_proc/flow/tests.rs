@@ -660,3 +660,28 @@ fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
     gate.pump_once(later.plus(crate::core::flow::FAIRNESS_MEMORY));
     assert!(gate.queues.lock().is_empty());
 }
+
+#[test]
+fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
+    let router = mk_router(
+        &[("busy", Some(1))],
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
+    let gate = manual_gate(&router);
+    let now = Timestamp::now();
+    for i in 0..100 {
+        let fields = RoutingFields {
+            model: format!("unknown-{i}"),
+            ..chain_fields("busy")
+        };
+        assert!(matches!(gate.admit(&fields, 0, &[], now), Gate::Pass));
+    }
+    assert!(gate.queues.lock().is_empty());
+    // A declared model's pass is remembered.
+    assert!(matches!(
+        gate.admit(&chain_fields("busy"), 0, &[], now),
+        Gate::Pass
+    ));
+    assert_eq!(gate.queues.lock().len(), 1);
+}
