@@ -189,14 +189,16 @@ struct Band {
     len: usize,
 }
 
-impl Band {
-    /// The lane of a request, and its cost in virtual time.
-    fn lane_of(&mut self, req: &Request<'_>) -> (Option<String>, &mut Lane, u128) {
-        let key = req.fair_weight.map(|_| req.tenant.to_owned());
-        let weight = u128::from(req.fair_weight.unwrap_or(1).max(1));
-        let cost = u128::from(req.tokens.max(1)) * VIRTUAL_SCALE / weight;
-        let lane = self.lanes.entry(key.clone()).or_default();
-        (key, lane, cost)
+impl Request<'_> {
+    /// The lane the request joins: its tenant's under fairness, else the FIFO lane.
+    fn lane_key(&self) -> Option<String> {
+        self.fair_weight.map(|_| self.tenant.to_owned())
+    }
+
+    /// Its cost in virtual time: tokens over weight.
+    fn cost(&self) -> u128 {
+        let weight = u128::from(self.fair_weight.unwrap_or(1).max(1));
+        u128::from(self.tokens.max(1)) * VIRTUAL_SCALE / weight
     }
 }
 
@@ -278,9 +280,8 @@ impl FlowQueue {
     /// The band clock does not move: it follows what the queue releases.
     pub fn charge(&mut self, req: Request<'_>, now: Timestamp) {
         let band = self.bands.entry(Reverse(req.priority)).or_default();
-        let clock = band.clock;
-        let (_, lane, cost) = band.lane_of(&req);
-        lane.charge(clock, cost, now);
+        let lane = band.lanes.entry(req.lane_key()).or_default();
+        lane.charge(band.clock, req.cost(), now);
     }
 
     /// Forgets the empty lanes untouched for [`FAIRNESS_MEMORY`], and the bands
@@ -335,9 +336,9 @@ impl FlowQueue {
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
         let band = self.bands.entry(Reverse(req.priority)).or_default();
-        let clock = band.clock;
-        let (lane_key, lane, cost) = band.lane_of(&req);
-        let (start, finish) = lane.charge(clock, cost, now);
+        let lane_key = req.lane_key();
+        let lane = band.lanes.entry(lane_key.clone()).or_default();
+        let (start, finish) = lane.charge(band.clock, req.cost(), now);
         lane.entries.push_back(Entry {
             ticket,
             enqueued_at: now,

@@ -537,14 +537,28 @@ async fn higher_priority_is_released_first() {
     assert_eq!(order, ["5", "1", "0", "-3"]);
 }
 
-/// A gate over `router` with the pump driven by hand.
-fn manual_gate(router: &Arc<Router>) -> Arc<FlowGate> {
+/// Fairness tenants (id, weight) on one replica r1 under flow control, and a
+/// gate over them with the pump driven by hand.
+fn fair_gate(tenants: &[(&str, Option<u32>)]) -> (Arc<Router>, Arc<FlowGate>) {
+    let router = mk_router(
+        tenants,
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
     let metrics = Arc::new(crate::adapters::metrics::flow::FlowMetrics::default());
-    Arc::new(FlowGate::new(
+    let gate = Arc::new(FlowGate::new(
         router.clone(),
         metrics,
         Thresholds::default(),
-    ))
+    ));
+    (router, gate)
+}
+
+/// Every one of `tenants` sees r1's engine report `waiting` requests.
+fn report_r1(router: &Router, tenants: &[&str], waiting: u32) {
+    for t in tenants {
+        report(router, t, "r1", "127.0.0.1:8001", waiting);
+    }
 }
 
 /// A request of `tenant` for CHAIN (64 tokens).
@@ -604,22 +618,13 @@ fn release_order<'a>(
 fn tenants_are_served_in_proportion_to_their_weight() {
     // Two Fairness tenants of weights 1 and 3, equal requests, both backlogged:
     // the release order gives the heavier three of every four.
-    let router = mk_router(
-        &[("light", Some(1)), ("heavy", Some(3))],
-        &THREE[..1],
-        flow_policy(64, Duration::from_secs(30)),
-    );
-    for t in ["light", "heavy"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 20);
-    }
-    let gate = manual_gate(&router);
+    let (router, gate) = fair_gate(&[("light", Some(1)), ("heavy", Some(3))]);
+    report_r1(&router, &["light", "heavy"], 20);
     let now = Timestamp::now();
     let mut pending = hold_each(&gate, &["light", "heavy"].repeat(8), now);
     assert_eq!(gate.held(), 16);
     // Both engines drain; each release waits for the last to be decided.
-    for t in ["light", "heavy"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 0);
-    }
+    report_r1(&router, &["light", "heavy"], 0);
     let order = release_order(&gate, &mut pending, 8);
     let heavy = order.iter().filter(|t| **t == "heavy").count();
     assert_eq!((heavy, 8 - heavy), (6, 2), "{order:?}");
@@ -627,12 +632,7 @@ fn tenants_are_served_in_proportion_to_their_weight() {
 
 #[test]
 fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
-    let router = mk_router(
-        &[("busy", Some(1)), ("quiet", Some(1))],
-        &THREE[..1],
-        flow_policy(64, Duration::from_secs(30)),
-    );
-    let gate = manual_gate(&router);
+    let (router, gate) = fair_gate(&[("busy", Some(1)), ("quiet", Some(1))]);
     let now = Timestamp::now();
     // Below saturation "busy" is served three requests straight through.
     for _ in 0..3 {
@@ -642,13 +642,9 @@ fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
         ));
     }
     assert_eq!(gate.held(), 0);
-    for t in ["busy", "quiet"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 20);
-    }
+    report_r1(&router, &["busy", "quiet"], 20);
     let mut pending = hold_each(&gate, &["busy", "quiet"].repeat(2), now);
-    for t in ["busy", "quiet"] {
-        report(&router, t, "r1", "127.0.0.1:8001", 0);
-    }
+    report_r1(&router, &["busy", "quiet"], 0);
     // "quiet" catches up first; without the charge they would alternate.
     let order = release_order(&gate, &mut pending, 4);
     assert_eq!(order, ["quiet", "quiet", "busy", "busy"]);
@@ -663,12 +659,7 @@ fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
 
 #[test]
 fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
-    let router = mk_router(
-        &[("busy", Some(1))],
-        &THREE[..1],
-        flow_policy(64, Duration::from_secs(30)),
-    );
-    let gate = manual_gate(&router);
+    let (_router, gate) = fair_gate(&[("busy", Some(1))]);
     let now = Timestamp::now();
     for i in 0..100 {
         let fields = RoutingFields {
