@@ -380,9 +380,11 @@ pub struct ResolvedPolicy {
 
 /// `spec.flowControl`: holding requests while every eligible replica is saturated.
 ///
-/// Off by default. The bounds' defaults are chosen, not measured: a second of
-/// holding is about one prefill of a long prompt on a busy engine, and 1024 held
-/// requests bound the sidecar's queue state to a few hundred KiB.
+/// Off by default. A second of holding is about one prefill of a long prompt on a
+/// busy engine; it bounds a client's wait, not its TTFT: under sustained overload
+/// served requests wait up to it, so an operator holding a TTFT objective sets a
+/// shorter one (docs/flow-control.md). 1024 held requests bound the sidecar's
+/// queue state to a few hundred KiB.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowControl {
     pub enabled: bool,
