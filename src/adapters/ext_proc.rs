@@ -989,13 +989,13 @@ fn immediate_429(shed: &flow::Shed, debugging: bool) -> ProcessingResponse {
             }),
             body: format!(
                 "inferencecache: every replica is saturated; request shed ({})\n",
-                shed.reason.as_str()
+                shed.reason.label()
             )
             .into_bytes(),
             grpc_status: None,
             details: format!(
                 "inferencecache_shed_{}",
-                shed.reason.as_str().replace('-', "_")
+                shed.reason.label().replace('-', "_")
             ),
         })),
         ..ProcessingResponse::default()

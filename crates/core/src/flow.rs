@@ -12,7 +12,9 @@
 //! The queue is bounded (`maxQueuedRequests`): when full, the lowest-priority
 //! request is shed — the newcomer when nothing queued is lower, else the newest
 //! entry of the lowest band. A request waiting longer than `maxQueueWait` is shed
-//! as `queue-timeout`; a client that goes away leaves at once ([`FlowQueue::cancel`]).
+//! as `queue-timeout`, and so is one that would, at the queue's measured release
+//! rate, when it arrives ([`FlowQueue::expected_wait`]); a client that goes away
+//! leaves at once ([`FlowQueue::cancel`]).
 //!
 //! Pure and synchronous: time is passed in, the adapter owns timers and wake-ups.
 //! Below saturation nothing here is consulted, so no decision changes.
@@ -21,6 +23,6 @@ mod queue;
 pub mod saturation;
 
 pub use queue::{
-    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, QueueLimits, Request,
-    ShedReason, Ticket,
+    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, QueueLimits,
+    RELEASE_RATE_SAMPLES, Request, ShedReason, Ticket,
 };

@@ -1,7 +1,8 @@
 //! Flow control on the ext_proc path: a request whose every eligible replica is
 //! saturated is held, in the order of the core's [`FlowQueue`], until a replica
 //! frees, its wait runs out (429 `queue-timeout`) or a full queue sheds it (429
-//! `queue-full` / `priority`).
+//! `queue-full` / `priority`). One whose wait would run out, at the queue's
+//! measured release rate, is shed on arrival (429 `queue-timeout`).
 //!
 //! ```text
 //!  stream ──FlowGate::admit──▶ Pass (below saturation: the queue is not touched)
@@ -264,6 +265,15 @@ impl FlowGate {
                 self.metrics.record_shed(ShedReason::QueueFull);
                 return Gate::Shed(Shed {
                     reason: ShedReason::QueueFull,
+                    retry_after_secs,
+                    waited: Duration::ZERO,
+                });
+            }
+            Admission::ShedExpectedTimeout { .. } => {
+                drop(queues);
+                self.metrics.record_shed(ShedReason::ExpectedTimeout);
+                return Gate::Shed(Shed {
+                    reason: ShedReason::ExpectedTimeout,
                     retry_after_secs,
                     waited: Duration::ZERO,
                 });

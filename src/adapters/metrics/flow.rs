@@ -18,9 +18,10 @@ use crate::core::flow::ShedReason;
 /// Priority bands beyond ±this share the edge label.
 pub const BAND_LABEL_LIMIT: i64 = 16;
 
-const SHED_REASONS: [ShedReason; 3] = [
+const SHED_REASONS: [ShedReason; 4] = [
     ShedReason::QueueFull,
     ShedReason::QueueTimeout,
+    ShedReason::ExpectedTimeout,
     ShedReason::Priority,
 ];
 
@@ -43,7 +44,7 @@ pub struct FlowMetrics {
     wait: Histogram,
     shed_family: Family<ShedLabels, Counter>,
     /// `shed_family`'s series in [`SHED_REASONS`] order, all present from the start.
-    sheds: [Counter; 3],
+    sheds: [Counter; 4],
     held: Counter,
 }
 
@@ -52,7 +53,7 @@ impl Default for FlowMetrics {
         let shed_family = Family::<ShedLabels, Counter>::default();
         let sheds = SHED_REASONS.map(|r| {
             shed_family
-                .get_or_create(&ShedLabels { reason: r.as_str() })
+                .get_or_create(&ShedLabels { reason: r.label() })
                 .clone()
         });
         Self {
@@ -87,7 +88,7 @@ impl FlowMetrics {
         registry.register(
             "flow_shed",
             "Requests answered 429 by flow control, by reason \
-             (queue-full, queue-timeout, priority)",
+             (queue-full, queue-timeout, expected-timeout, priority)",
             self.shed_family.clone(),
         );
     }

@@ -43,6 +43,11 @@ pub const FAIRNESS_HALF_LIFE: Duration = Duration::from_secs(1);
 /// what it was): the tenant re-enters at the band clock.
 pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 
+/// The releases the queue's release rate is measured over: the latest this
+/// many. Enough to smooth the bursts in which prefills end together, few
+/// enough to follow a fleet whose pace changes within a fraction of a second.
+pub const RELEASE_RATE_SAMPLES: usize = 16;
+
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueLimits {
@@ -67,17 +72,31 @@ pub enum ShedReason {
     QueueFull,
     /// Held for `maxQueueWait` without a replica freeing.
     QueueTimeout,
+    /// On arrival, the requests ahead of it would take longer than
+    /// `maxQueueWait` to leave at the queue's measured release rate: shed at
+    /// once rather than after holding it that long. Told to the client as
+    /// `queue-timeout` (its wait would run out).
+    ExpectedTimeout,
     /// Evicted from a full queue by a higher-priority newcomer.
     Priority,
 }
 
 impl ShedReason {
-    /// The header value.
+    /// The header value (`x-inferencecache-shed`).
     pub fn as_str(self) -> &'static str {
         match self {
             ShedReason::QueueFull => "queue-full",
-            ShedReason::QueueTimeout => "queue-timeout",
+            ShedReason::QueueTimeout | ShedReason::ExpectedTimeout => "queue-timeout",
             ShedReason::Priority => "priority",
+        }
+    }
+
+    /// The metric label: as the header, but a timeout foreseen on arrival is
+    /// told apart from one that happened.
+    pub fn label(self) -> &'static str {
+        match self {
+            ShedReason::ExpectedTimeout => "expected-timeout",
+            other => other.as_str(),
         }
     }
 }
@@ -96,6 +115,13 @@ pub enum Admission {
     HeldEvicting { held: Ticket, evicted: Ticket },
     /// Not held: shed at once as [`ShedReason::QueueFull`].
     Shed,
+    /// Not held: shed at once as [`ShedReason::ExpectedTimeout`]; nothing was
+    /// evicted for it.
+    ShedExpectedTimeout {
+        /// The wait it would have had: the requests ahead of it over the
+        /// release rate.
+        expected: Duration,
+    },
 }
 
 /// A request leaving the queue for a replica.
@@ -218,6 +244,8 @@ pub struct FlowQueue {
     where_: HashMap<Ticket, Location>,
     deadlines: BTreeSet<(Timestamp, Ticket)>,
     next_ticket: u64,
+    /// When the latest [`RELEASE_RATE_SAMPLES`] releases happened, oldest first.
+    releases: VecDeque<Timestamp>,
 }
 
 /// One request asking to be held.
@@ -240,6 +268,7 @@ impl FlowQueue {
             where_: HashMap::new(),
             deadlines: BTreeSet::new(),
             next_ticket: 0,
+            releases: VecDeque::with_capacity(RELEASE_RATE_SAMPLES),
         }
     }
 
@@ -313,8 +342,79 @@ impl FlowQueue {
         self.deadlines.first().map(|(t, _)| *t)
     }
 
-    /// Holds a request, or sheds it or a lower-priority one when full.
+    /// How long a request arriving now would be held: the requests that would
+    /// be released before it (every higher band, and in its own band those
+    /// whose finish tag is not after the one it would get) over the rate of
+    /// the latest releases. `None` when nothing is ahead of it, or when the
+    /// rate is not known: fewer than [`RELEASE_RATE_SAMPLES`] releases since
+    /// the queue last held nothing, or none within the last `maxQueueWait` (a
+    /// stalled queue foresees nothing; its requests are held and time out, so
+    /// a stall's estimate never sheds newcomers after it ends).
+    ///
+    /// Requests ahead that leave early (cancelled, timed out) make it an
+    /// overestimate; later arrivals that overtake it (a higher band, a tenant
+    /// under its share) an underestimate. Under sustained overload the two meet
+    /// where what is held is what the queue releases within `maxQueueWait`.
+    pub fn expected_wait(&self, req: &Request<'_>, now: Timestamp) -> Option<Duration> {
+        if self.where_.is_empty() || self.releases.len() < RELEASE_RATE_SAMPLES {
+            return None;
+        }
+        let (first, last) = (*self.releases.front()?, *self.releases.back()?);
+        if now.since(last) > self.limits.max_wait {
+            return None;
+        }
+        let span = last.since(first).as_secs_f64();
+        if span <= 0.0 {
+            return None;
+        }
+        let ahead = self.ahead_of(req, now);
+        if ahead == 0 {
+            return None;
+        }
+        let per_release = span / (self.releases.len() - 1) as f64;
+        Some(Duration::try_from_secs_f64(ahead as f64 * per_release).unwrap_or(Duration::MAX))
+    }
+
+    /// The held requests [`Self::release`] would hand out before `req` if it
+    /// were enqueued now and nothing else arrived.
+    fn ahead_of(&self, req: &Request<'_>, now: Timestamp) -> usize {
+        let mut ahead = 0;
+        for (&Reverse(priority), band) in &self.bands {
+            if priority > req.priority {
+                ahead += band.len;
+                continue;
+            }
+            if priority == req.priority {
+                let start = band
+                    .lanes
+                    .get(&req.lane_key())
+                    .map_or(band.clock, |l| l.next_start(band.clock, now));
+                let finish = start + req.cost().max(1);
+                // Ties go to the earlier ticket: every held one.
+                ahead += band
+                    .lanes
+                    .values()
+                    .flat_map(|l| l.entries.iter())
+                    .filter(|e| e.finish <= finish)
+                    .count();
+            }
+            break;
+        }
+        ahead
+    }
+
+    /// Holds a request, or sheds it or a lower-priority one when full; sheds
+    /// it at once when its [`Self::expected_wait`] exceeds `maxQueueWait`.
     pub fn enqueue(&mut self, req: Request<'_>, now: Timestamp) -> Admission {
+        if let Some(expected) = self.expected_wait(&req, now)
+            && expected > self.limits.max_wait
+        {
+            return Admission::ShedExpectedTimeout { expected };
+        }
+        if self.where_.is_empty() {
+            // A new backlog: the pace of the last one says nothing of this one.
+            self.releases.clear();
+        }
         let mut evicted = None;
         if self.where_.len() >= self.limits.max_queued {
             let lowest = self
@@ -393,6 +493,10 @@ impl FlowQueue {
         }
         band.clock = band.clock.max(entry.start);
         self.forget(entry.ticket, priority);
+        if self.releases.len() == RELEASE_RATE_SAMPLES {
+            self.releases.pop_front();
+        }
+        self.releases.push_back(now);
         Some(Held {
             ticket: entry.ticket,
             priority,

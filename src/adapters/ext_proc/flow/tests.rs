@@ -676,3 +676,63 @@ fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
     ));
     assert_eq!(gate.queues.lock().len(), 1);
 }
+
+#[test]
+fn a_request_that_would_outwait_max_queue_wait_is_shed_on_arrival_as_queue_timeout() {
+    // One replica under a 200 ms maxQueueWait; 48 held, then 16 released 10 ms
+    // apart: the 32 left ahead of a newcomer would take 320 ms.
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(64, Duration::from_millis(200)),
+    );
+    let metrics = Arc::new(crate::adapters::metrics::flow::FlowMetrics::default());
+    let gate = Arc::new(FlowGate::new(
+        router.clone(),
+        metrics.clone(),
+        Thresholds::default(),
+    ));
+    report(&router, "acme", "r1", "127.0.0.1:8001", 20);
+    let t0 = Timestamp::now();
+    let mut pending = hold_each(&gate, &["acme"; 48], t0);
+    let mut now = t0;
+    for _ in 0..crate::core::flow::RELEASE_RATE_SAMPLES {
+        now = now.plus(Duration::from_millis(10));
+        report(&router, "acme", "r1", "127.0.0.1:8001", 0);
+        gate.pump_once(now);
+        let transit = pending
+            .iter_mut()
+            .find_map(|(_, p)| match p.rx.try_recv() {
+                Ok(Outcome::Released { transit, .. }) => Some(transit),
+                _ => None,
+            })
+            .expect("a release");
+        // Decided and sent: the engine's queue is full again.
+        report(&router, "acme", "r1", "127.0.0.1:8001", 20);
+        drop(transit);
+    }
+    assert_eq!(gate.held(), 32);
+    match gate.admit(&chain_fields("acme"), 0, &[], now) {
+        Gate::Shed(s) => {
+            assert_eq!(s.reason, ShedReason::ExpectedTimeout);
+            assert_eq!(s.reason.as_str(), "queue-timeout");
+            assert_eq!((s.retry_after_secs, s.waited), (1, Duration::ZERO));
+        }
+        _ => panic!("a 320 ms wait against a 200 ms maxQueueWait is shed at once"),
+    }
+    assert_eq!(gate.held(), 32);
+    // A higher priority has nothing ahead of it: held.
+    assert!(matches!(
+        gate.admit(&chain_fields("acme"), 1, &[], now),
+        Gate::Held(_)
+    ));
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "flow_shed_total{reason=\"expected-timeout\"} 1"),
+        "{text}"
+    );
+}

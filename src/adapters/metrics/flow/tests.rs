@@ -40,6 +40,7 @@ fn every_shed_reason_is_a_series_from_the_start() {
     for line in [
         "flow_shed_total{reason=\"queue-full\"} 0",
         "flow_shed_total{reason=\"queue-timeout\"} 0",
+        "flow_shed_total{reason=\"expected-timeout\"} 0",
         "flow_shed_total{reason=\"priority\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");

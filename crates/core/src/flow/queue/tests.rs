@@ -24,7 +24,7 @@ fn fifo(priority: i64) -> Request<'static> {
 fn held(a: Admission) -> Ticket {
     match a {
         Admission::Held(t) | Admission::HeldEvicting { held: t, .. } => t,
-        Admission::Shed => panic!("expected the request to be held"),
+        other => panic!("expected the request to be held, got {other:?}"),
     }
 }
 
@@ -451,6 +451,10 @@ proptest! {
                             prop_assert!(p < priority);
                             live.push((held, priority));
                         }
+                        Admission::ShedExpectedTimeout { expected } => {
+                            prop_assert!(expected > Duration::from_millis(500));
+                            prop_assert!(!live.is_empty());
+                        }
                         Admission::Shed => {
                             prop_assert_eq!(q.len(), 8);
                             prop_assert!(live.iter().all(|(_, p)| *p >= priority));
@@ -514,6 +518,7 @@ fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
         let mut owner = HashMap::new();
         let mut served: HashMap<&str, u64> = HashMap::new();
         let mut offered: HashMap<&str, u64> = HashMap::new();
+        let mut shed_on_arrival: HashMap<&str, u64> = HashMap::new();
         let mut acc = vec![0.0; streams.len()];
         for tick in 0..20_000u64 {
             let now = Timestamp(T0.0 + tick * 1_000_000);
@@ -521,7 +526,7 @@ fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
                 acc[k] += rate;
                 while acc[k] >= 1.0 {
                     acc[k] -= 1.0;
-                    let t = held(q.enqueue(
+                    let admission = q.enqueue(
                         Request {
                             priority: 0,
                             tenant,
@@ -529,9 +534,14 @@ fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
                             tokens: 2176,
                         },
                         now,
-                    ));
-                    owner.insert(t, tenant);
+                    );
                     *offered.entry(tenant).or_default() += 1;
+                    // The flood's excess is shed on arrival, not after its wait.
+                    if let Admission::ShedExpectedTimeout { .. } = admission {
+                        *shed_on_arrival.entry(tenant).or_default() += 1;
+                        continue;
+                    }
+                    owner.insert(held(admission), tenant);
                 }
             }
             q.expire(now);
@@ -539,14 +549,130 @@ fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
                 *served.entry(owner[&h.ticket]).or_default() += 1;
             }
         }
-        (served, offered)
+        (served, offered, shed_on_arrival)
     };
-    let (served, _) = run(&[("light", 1, 1.15), ("heavy", 3, 1.15)]);
+    let (served, _, shed) = run(&[("light", 1, 1.15), ("heavy", 3, 1.15)]);
     let ratio = served["heavy"] as f64 / served["light"] as f64;
     assert!((2.9..=3.1).contains(&ratio), "{served:?}");
-    let (served, offered) = run(&[("victim", 1, 0.1), ("flood", 1, 2.0)]);
+    // Most of the excess hears its 429 on arrival: over 2,300 requests of each
+    // tenant are not served.
+    assert!(shed.values().sum::<u64>() > 2_000, "{shed:?}");
+    let (served, offered, shed) = run(&[("victim", 1, 0.1), ("flood", 1, 2.0)]);
     assert!(
         served["victim"] >= offered["victim"] - 1,
         "{served:?} of {offered:?}"
     );
+    assert!(!shed.contains_key("victim"), "{shed:?}");
+    assert!(shed["flood"] > 10_000, "{shed:?}");
+}
+
+/// A queue holding `n` requests of priority 0 (FIFO lane) at T0, then
+/// [`RELEASE_RATE_SAMPLES`] of them released one every 10 ms: a release rate
+/// of 100 per second. Returns the queue and the time of the last release.
+fn draining_at_100_per_second(n: usize, wait_ms: u64) -> (FlowQueue, Timestamp) {
+    let mut q = FlowQueue::new(limits(10_000, wait_ms));
+    for _ in 0..n {
+        held(q.enqueue(fifo(0), T0));
+    }
+    let mut now = T0;
+    for _ in 0..RELEASE_RATE_SAMPLES {
+        now = now.plus(Duration::from_millis(10));
+        assert!(q.release(now).is_some());
+    }
+    (q, now)
+}
+
+#[test]
+fn a_request_whose_wait_would_exceed_max_queue_wait_is_shed_on_arrival() {
+    // 84 held at 100 releases a second: a newcomer would wait 840 ms.
+    let (mut q, now) = draining_at_100_per_second(100, 1000);
+    let wait = q.expected_wait(&fifo(0), now).unwrap();
+    assert!(
+        wait.abs_diff(Duration::from_millis(840)) < Duration::from_millis(1),
+        "{wait:?}"
+    );
+    // With up to 100 ahead (1 s) a newcomer is held ...
+    for _ in 0..17 {
+        held(q.enqueue(fifo(0), now));
+    }
+    assert_eq!(q.len(), 101);
+    // ... with 101 ahead it would wait 1.01 s: shed, and nothing changes.
+    let depth = q.depth_by_band();
+    match q.enqueue(fifo(0), now) {
+        Admission::ShedExpectedTimeout { expected } => {
+            assert!(expected > Duration::from_millis(1000), "{expected:?}")
+        }
+        other => panic!("expected a shed on arrival, got {other:?}"),
+    }
+    assert_eq!(q.len(), 101);
+    assert_eq!(q.depth_by_band(), depth);
+    // The same queue with a longer wait holds it.
+    q.set_limits(limits(10_000, 2000));
+    held(q.enqueue(fifo(0), now));
+}
+
+#[test]
+fn only_what_would_be_released_first_counts_ahead() {
+    let (mut q, now) = draining_at_100_per_second(200, 1000);
+    // A higher band has nothing ahead of it; a lower one everything.
+    assert_eq!(q.expected_wait(&fifo(1), now), None);
+    held(q.enqueue(fifo(1), now));
+    assert!(matches!(
+        q.enqueue(fifo(-1), now),
+        Admission::ShedExpectedTimeout { .. }
+    ));
+    // Under fair queuing a tenant under its share goes before a flood's
+    // backlog: a fair tenant's lane holds 184 requests; another tenant's
+    // newcomer has only the flood's first few ahead of it.
+    let mut q = FlowQueue::new(limits(10_000, 500));
+    for _ in 0..200 {
+        held(q.enqueue(fair("flood", 1), T0));
+    }
+    let mut now = T0;
+    for _ in 0..RELEASE_RATE_SAMPLES {
+        now = now.plus(Duration::from_millis(10));
+        assert!(q.release(now).is_some());
+    }
+    assert!(matches!(
+        q.enqueue(fair("flood", 1), now),
+        Admission::ShedExpectedTimeout { .. }
+    ));
+    // The band clock is at the last released request's start: a newcomer
+    // of an idle tenant finishes before the flood's next one.
+    assert_eq!(q.expected_wait(&fair("quiet", 1), now), None);
+    let quiet = held(q.enqueue(fair("quiet", 1), now));
+    assert_eq!(q.peek(), Some(quiet));
+}
+
+#[test]
+fn without_a_recent_release_rate_nothing_is_shed_on_arrival() {
+    // Fewer releases than the rate needs.
+    let mut q = FlowQueue::new(limits(10_000, 100));
+    for _ in 0..200 {
+        held(q.enqueue(fifo(0), T0));
+    }
+    let mut now = T0;
+    for _ in 0..RELEASE_RATE_SAMPLES - 1 {
+        now = now.plus(Duration::from_millis(10));
+        assert!(q.release(now).is_some());
+    }
+    assert_eq!(q.expected_wait(&fifo(0), now), None);
+    held(q.enqueue(fifo(0), now));
+    // A stall: no release for longer than maxQueueWait. The old pace is not
+    // trusted; newcomers are held (and time out if the stall goes on).
+    let (mut q, now) = draining_at_100_per_second(200, 100);
+    assert!(matches!(
+        q.enqueue(fifo(0), now),
+        Admission::ShedExpectedTimeout { .. }
+    ));
+    let later = now.plus(Duration::from_millis(101));
+    assert_eq!(q.expected_wait(&fifo(0), later), None);
+    held(q.enqueue(fifo(0), later));
+    // A new backlog after the queue emptied starts its measurement again.
+    let (mut q, now) = draining_at_100_per_second(RELEASE_RATE_SAMPLES + 1, 100);
+    assert!(q.release(now).is_some());
+    assert!(q.is_empty());
+    for _ in 0..500 {
+        held(q.enqueue(fifo(0), now));
+    }
 }
