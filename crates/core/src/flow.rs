@@ -12,8 +12,8 @@
 //! The queue is bounded (`maxQueuedRequests`): when full, the lowest-priority
 //! request is shed — the newcomer when nothing queued is lower, else the newest
 //! entry of the lowest band. A request waiting longer than `maxQueueWait` is shed
-//! as `queue-timeout`, and so is one that would, at the queue's measured release
-//! rate, when it arrives ([`FlowQueue::expected_wait`]); a client that goes away
+//! as `queue-timeout`, and so is one that would, by the queue's recent pace, when
+//! it arrives ([`FlowQueue::foresees_timeout`]); a client that goes away
 //! leaves at once ([`FlowQueue::cancel`]).
 //!
 //! Pure and synchronous: time is passed in, the adapter owns timers and wake-ups.
@@ -23,6 +23,6 @@ mod queue;
 pub mod saturation;
 
 pub use queue::{
-    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, QueueLimits,
-    RELEASE_RATE_SAMPLES, Request, ShedReason, Ticket,
+    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MIN_RELEASES_TO_FORESEE,
+    QueueLimits, Request, ShedReason, Ticket,
 };

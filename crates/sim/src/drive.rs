@@ -151,6 +151,8 @@ pub struct Shed {
     pub priority: i32,
     /// `x-inferencecache-shed` (`queue-full`, `queue-timeout`, `priority`).
     pub reason: String,
+    /// From sending the request to its 429, ms.
+    pub latency_ms: f64,
 }
 
 /// How one request ended.
@@ -287,6 +289,7 @@ async fn send(
             tenant: p.request.tenant,
             priority: p.request.priority,
             reason: reason.to_string(),
+            latency_ms,
         }));
     }
     if !reply.status.is_success() {

@@ -59,6 +59,9 @@ pub struct RunSummary {
     /// Requests the sidecar shed with 429 (neither served nor failed), by reason.
     pub shed: usize,
     pub shed_reasons: BTreeMap<String, usize>,
+    /// How long shed requests waited for their 429 (p50, p90), ms; 0 when none.
+    pub shed_latency_p50_ms: f64,
+    pub shed_latency_p90_ms: f64,
     /// Served requests whose TTFT met the objective, per second of wall time.
     pub goodput_rps: f64,
     /// Served requests whose TTFT met the objective.
@@ -151,6 +154,8 @@ impl RunSummary {
         let max = per_engine.values().copied().max().unwrap_or(0) as f64;
         let mean = s.len() as f64 / per_engine.len().max(1) as f64;
         let secs = outcome.elapsed.as_secs_f64();
+        let mut shed_latencies: Vec<f64> = outcome.shed.iter().map(|x| x.latency_ms).collect();
+        shed_latencies.sort_by(f64::total_cmp);
         Self {
             workload: workload.to_string(),
             router: router.name().to_string(),
@@ -188,6 +193,8 @@ impl RunSummary {
                 *m.entry(x.reason.clone()).or_default() += 1;
                 m
             }),
+            shed_latency_p50_ms: percentile(&shed_latencies, 0.50),
+            shed_latency_p90_ms: percentile(&shed_latencies, 0.90),
             goodput_rps: 0.0,
             good: 0,
             classes: Vec::new(),

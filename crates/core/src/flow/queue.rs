@@ -29,6 +29,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use crate::policy::FlowControl;
 use crate::time::Timestamp;
 
 /// Fixed-point scale of virtual time: tags are tokens × this / weight, so a
@@ -43,10 +44,10 @@ pub const FAIRNESS_HALF_LIFE: Duration = Duration::from_secs(1);
 /// what it was): the tenant re-enters at the band clock.
 pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 
-/// The releases the queue's release rate is measured over: the latest this
-/// many. Enough to smooth the bursts in which prefills end together, few
-/// enough to follow a fleet whose pace changes within a fraction of a second.
-pub const RELEASE_RATE_SAMPLES: usize = 16;
+/// The fewest releases within the last `maxQueueWait` from which the queue
+/// foresees a newcomer's timeout ([`FlowQueue::foresees_timeout`]): fewer is a
+/// stall or a trickle, whose pace says too little to shed on.
+pub const MIN_RELEASES_TO_FORESEE: usize = 4;
 
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,10 +73,9 @@ pub enum ShedReason {
     QueueFull,
     /// Held for `maxQueueWait` without a replica freeing.
     QueueTimeout,
-    /// On arrival, the requests ahead of it would take longer than
-    /// `maxQueueWait` to leave at the queue's measured release rate: shed at
-    /// once rather than after holding it that long. Told to the client as
-    /// `queue-timeout` (its wait would run out).
+    /// On arrival, more requests are ahead of it than the queue released in
+    /// the last `maxQueueWait`: shed at once rather than after holding it that
+    /// long. Told to the client as `queue-timeout` (its wait would run out).
     ExpectedTimeout,
     /// Evicted from a full queue by a higher-priority newcomer.
     Priority,
@@ -118,9 +118,10 @@ pub enum Admission {
     /// Not held: shed at once as [`ShedReason::ExpectedTimeout`]; nothing was
     /// evicted for it.
     ShedExpectedTimeout {
-        /// The wait it would have had: the requests ahead of it over the
-        /// release rate.
-        expected: Duration,
+        /// The held requests that would have left before it.
+        ahead: usize,
+        /// The requests the queue released in the last `maxQueueWait`.
+        released: usize,
     },
 }
 
@@ -244,8 +245,13 @@ pub struct FlowQueue {
     where_: HashMap<Ticket, Location>,
     deadlines: BTreeSet<(Timestamp, Ticket)>,
     next_ticket: u64,
-    /// When the latest [`RELEASE_RATE_SAMPLES`] releases happened, oldest first.
+    /// When the latest releases happened, oldest first: at most
+    /// `maxQueuedRequests` + 1 of them (more than can ever be ahead of a
+    /// newcomer), none older than the longest `maxQueueWait`.
     releases: VecDeque<Timestamp>,
+    /// Since when the queue has held requests without a break (`None`: it
+    /// holds nothing).
+    backlog_since: Option<Timestamp>,
 }
 
 /// One request asking to be held.
@@ -268,7 +274,8 @@ impl FlowQueue {
             where_: HashMap::new(),
             deadlines: BTreeSet::new(),
             next_ticket: 0,
-            releases: VecDeque::with_capacity(RELEASE_RATE_SAMPLES),
+            releases: VecDeque::new(),
+            backlog_since: None,
         }
     }
 
@@ -342,37 +349,36 @@ impl FlowQueue {
         self.deadlines.first().map(|(t, _)| *t)
     }
 
-    /// How long a request arriving now would be held: the requests that would
-    /// be released before it (every higher band, and in its own band those
-    /// whose finish tag is not after the one it would get) over the rate of
-    /// the latest releases. `None` when nothing is ahead of it, or when the
-    /// rate is not known: fewer than [`RELEASE_RATE_SAMPLES`] releases since
-    /// the queue last held nothing, or none within the last `maxQueueWait` (a
-    /// stalled queue foresees nothing; its requests are held and time out, so
-    /// a stall's estimate never sheds newcomers after it ends).
+    /// Whether a request arriving now would time out held: more requests
+    /// would leave the queue before it (every higher band, and in its own band
+    /// those whose finish tag is not after the one it would get) than the queue
+    /// released in the last `maxQueueWait`. Foreseen only from a pace the queue
+    /// has shown: it has held requests for at least the last `maxQueueWait`
+    /// without a break, and released at least [`MIN_RELEASES_TO_FORESEE`] in
+    /// it. A stall foresees nothing (its newcomers are held and time out as
+    /// before), so shedding on arrival never outlasts the pace it was based on.
     ///
-    /// Requests ahead that leave early (cancelled, timed out) make it an
-    /// overestimate; later arrivals that overtake it (a higher band, a tenant
-    /// under its share) an underestimate. Under sustained overload the two meet
-    /// where what is held is what the queue releases within `maxQueueWait`.
-    pub fn expected_wait(&self, req: &Request<'_>, now: Timestamp) -> Option<Duration> {
-        if self.where_.is_empty() || self.releases.len() < RELEASE_RATE_SAMPLES {
+    /// Requests ahead that leave early (cancelled, timed out) make it
+    /// pessimistic; later arrivals that overtake it (a higher band, a tenant
+    /// under its share) optimistic. Under sustained overload the queue settles
+    /// where what it holds is what it releases within `maxQueueWait`.
+    pub fn foresees_timeout(&self, req: &Request<'_>, now: Timestamp) -> Option<(usize, usize)> {
+        let since = self.backlog_since?;
+        let window = self.limits.max_wait;
+        if now.since(since) < window {
             return None;
         }
-        let (first, last) = (*self.releases.front()?, *self.releases.back()?);
-        if now.since(last) > self.limits.max_wait {
-            return None;
-        }
-        let span = last.since(first).as_secs_f64();
-        if span <= 0.0 {
+        let released = self
+            .releases
+            .iter()
+            .rev()
+            .take_while(|&&t| now.since(t) <= window)
+            .count();
+        if released < MIN_RELEASES_TO_FORESEE {
             return None;
         }
         let ahead = self.ahead_of(req, now);
-        if ahead == 0 {
-            return None;
-        }
-        let per_release = span / (self.releases.len() - 1) as f64;
-        Some(Duration::try_from_secs_f64(ahead as f64 * per_release).unwrap_or(Duration::MAX))
+        (ahead >= released).then_some((ahead, released))
     }
 
     /// The held requests [`Self::release`] would hand out before `req` if it
@@ -404,16 +410,10 @@ impl FlowQueue {
     }
 
     /// Holds a request, or sheds it or a lower-priority one when full; sheds
-    /// it at once when its [`Self::expected_wait`] exceeds `maxQueueWait`.
+    /// it at once when the queue [foresees](Self::foresees_timeout) its timeout.
     pub fn enqueue(&mut self, req: Request<'_>, now: Timestamp) -> Admission {
-        if let Some(expected) = self.expected_wait(&req, now)
-            && expected > self.limits.max_wait
-        {
-            return Admission::ShedExpectedTimeout { expected };
-        }
-        if self.where_.is_empty() {
-            // A new backlog: the pace of the last one says nothing of this one.
-            self.releases.clear();
+        if let Some((ahead, released)) = self.foresees_timeout(&req, now) {
+            return Admission::ShedExpectedTimeout { ahead, released };
         }
         let mut evicted = None;
         if self.where_.len() >= self.limits.max_queued {
@@ -446,6 +446,7 @@ impl FlowQueue {
             start,
         });
         band.len += 1;
+        self.backlog_since.get_or_insert(now);
         let deadline = now.plus(self.limits.max_wait);
         self.deadlines.insert((deadline, ticket));
         self.where_.insert(
@@ -493,10 +494,7 @@ impl FlowQueue {
         }
         band.clock = band.clock.max(entry.start);
         self.forget(entry.ticket, priority);
-        if self.releases.len() == RELEASE_RATE_SAMPLES {
-            self.releases.pop_front();
-        }
-        self.releases.push_back(now);
+        self.note_release(now);
         Some(Held {
             ticket: entry.ticket,
             priority,
@@ -548,12 +546,31 @@ impl FlowQueue {
         Some(newest)
     }
 
+    /// Remembers a release for [`Self::foresees_timeout`]: no more than can
+    /// matter (more than `maxQueuedRequests` is more than can ever be ahead;
+    /// older than the longest `maxQueueWait` is outside every window).
+    fn note_release(&mut self, now: Timestamp) {
+        self.releases.push_back(now);
+        let keep = self.limits.max_queued.saturating_add(1);
+        while self.releases.len() > keep
+            || self
+                .releases
+                .front()
+                .is_some_and(|&t| now.since(t) > FlowControl::MAX_QUEUE_WAIT)
+        {
+            self.releases.pop_front();
+        }
+    }
+
     /// Drops the bookkeeping of a request already taken out of its lane. An
     /// emptied band keeps its clock and lanes until [`Self::prune`] forgets
     /// them, so a tenant that empties and refills is still charged.
     fn forget(&mut self, ticket: Ticket, priority: i64) {
         if let Some(loc) = self.where_.remove(&ticket) {
             self.deadlines.remove(&(loc.deadline, ticket));
+        }
+        if self.where_.is_empty() {
+            self.backlog_since = None;
         }
         if let Some(band) = self.bands.get_mut(&Reverse(priority)) {
             band.len = band.len.saturating_sub(1);

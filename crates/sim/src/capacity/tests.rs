@@ -172,6 +172,11 @@ fn shed(tenant: u8, reason: &str) -> Shed {
         tenant,
         priority: 0,
         reason: reason.into(),
+        latency_ms: if reason == "queue-timeout" {
+            100.0
+        } else {
+            1.0
+        },
     }
 }
 
@@ -213,6 +218,10 @@ fn goodput_counts_served_within_the_slo_and_never_shed_or_failed() {
     assert_eq!((s.shed, s.errors, s.good), (3, 2, 3));
     assert_eq!(s.shed_reasons["queue-timeout"], 2);
     assert_eq!(s.shed_reasons["queue-full"], 1);
+    assert_eq!(
+        (s.shed_latency_p50_ms, s.shed_latency_p90_ms),
+        (100.0, 100.0)
+    );
     assert_eq!(s.goodput_rps, 1.5);
     assert_eq!((s.load, s.offered_rps, s.slo_ms), (2.0, 50.0, 100.0));
     // The p90 is of served requests only.

@@ -679,8 +679,9 @@ fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
 
 #[test]
 fn a_request_that_would_outwait_max_queue_wait_is_shed_on_arrival_as_queue_timeout() {
-    // One replica under a 200 ms maxQueueWait; 48 held, then 16 released 10 ms
-    // apart: the 32 left ahead of a newcomer would take 320 ms.
+    // One replica under a 200 ms maxQueueWait, releasing one request every
+    // 10 ms while two arrive: after 200 ms, 20 released in the last wait and
+    // 23 held ahead of a newcomer.
     let router = mk_router(
         &[("acme", None)],
         &THREE[..1],
@@ -694,9 +695,9 @@ fn a_request_that_would_outwait_max_queue_wait_is_shed_on_arrival_as_queue_timeo
     ));
     report(&router, "acme", "r1", "127.0.0.1:8001", 20);
     let t0 = Timestamp::now();
-    let mut pending = hold_each(&gate, &["acme"; 48], t0);
+    let mut pending = hold_each(&gate, &["acme"; 5], t0);
     let mut now = t0;
-    for _ in 0..crate::core::flow::RELEASE_RATE_SAMPLES {
+    for step in 1..=20 {
         now = now.plus(Duration::from_millis(10));
         report(&router, "acme", "r1", "127.0.0.1:8001", 0);
         gate.pump_once(now);
@@ -710,17 +711,21 @@ fn a_request_that_would_outwait_max_queue_wait_is_shed_on_arrival_as_queue_timeo
         // Decided and sent: the engine's queue is full again.
         report(&router, "acme", "r1", "127.0.0.1:8001", 20);
         drop(transit);
+        if step < 20 {
+            pending.extend(hold_each(&gate, &["acme"; 2], now));
+        }
     }
-    assert_eq!(gate.held(), 32);
+    assert_eq!(gate.held(), 23);
+    now = now.plus(Duration::from_millis(5));
     match gate.admit(&chain_fields("acme"), 0, &[], now) {
         Gate::Shed(s) => {
             assert_eq!(s.reason, ShedReason::ExpectedTimeout);
             assert_eq!(s.reason.as_str(), "queue-timeout");
             assert_eq!((s.retry_after_secs, s.waited), (1, Duration::ZERO));
         }
-        _ => panic!("a 320 ms wait against a 200 ms maxQueueWait is shed at once"),
+        _ => panic!("23 ahead against 20 released in a wait is shed at once"),
     }
-    assert_eq!(gate.held(), 32);
+    assert_eq!(gate.held(), 23);
     // A higher priority has nothing ahead of it: held.
     assert!(matches!(
         gate.admit(&chain_fields("acme"), 1, &[], now),

@@ -451,9 +451,10 @@ proptest! {
                             prop_assert!(p < priority);
                             live.push((held, priority));
                         }
-                        Admission::ShedExpectedTimeout { expected } => {
-                            prop_assert!(expected > Duration::from_millis(500));
-                            prop_assert!(!live.is_empty());
+                        Admission::ShedExpectedTimeout { ahead, released } => {
+                            prop_assert!(ahead >= released);
+                            prop_assert!(released >= MIN_RELEASES_TO_FORESEE);
+                            prop_assert!(ahead <= live.len());
                         }
                         Admission::Shed => {
                             prop_assert_eq!(q.len(), 8);
@@ -566,113 +567,94 @@ fn under_overload_with_timeouts_weights_hold_and_a_light_tenant_is_served() {
     assert!(shed["flood"] > 10_000, "{shed:?}");
 }
 
-/// A queue holding `n` requests of priority 0 (FIFO lane) at T0, then
-/// [`RELEASE_RATE_SAMPLES`] of them released one every 10 ms: a release rate
-/// of 100 per second. Returns the queue and the time of the last release.
-fn draining_at_100_per_second(n: usize, wait_ms: u64) -> (FlowQueue, Timestamp) {
+/// A queue under a `wait_ms` maxQueueWait holding `n` requests of priority 0
+/// (FIFO lane) from T0, then `releases` of them released one every 10 ms
+/// (100 a second). Returns the queue and the time 5 ms after the last release.
+fn draining(n: usize, releases: usize, wait_ms: u64) -> (FlowQueue, Timestamp) {
     let mut q = FlowQueue::new(limits(10_000, wait_ms));
     for _ in 0..n {
         held(q.enqueue(fifo(0), T0));
     }
     let mut now = T0;
-    for _ in 0..RELEASE_RATE_SAMPLES {
+    for _ in 0..releases {
         now = now.plus(Duration::from_millis(10));
         assert!(q.release(now).is_some());
     }
-    (q, now)
+    (q, now.plus(Duration::from_millis(5)))
+}
+
+fn foreseen(a: Admission) -> (usize, usize) {
+    match a {
+        Admission::ShedExpectedTimeout { ahead, released } => (ahead, released),
+        other => panic!("expected a shed on arrival, got {other:?}"),
+    }
 }
 
 #[test]
-fn a_request_whose_wait_would_exceed_max_queue_wait_is_shed_on_arrival() {
-    // 84 held at 100 releases a second: a newcomer would wait 840 ms.
-    let (mut q, now) = draining_at_100_per_second(100, 1000);
-    let wait = q.expected_wait(&fifo(0), now).unwrap();
-    assert!(
-        wait.abs_diff(Duration::from_millis(840)) < Duration::from_millis(1),
-        "{wait:?}"
-    );
-    // With up to 100 ahead (1 s) a newcomer is held ...
-    for _ in 0..17 {
-        held(q.enqueue(fifo(0), now));
-    }
-    assert_eq!(q.len(), 101);
-    // ... with 101 ahead it would wait 1.01 s: shed, and nothing changes.
+fn a_request_with_more_ahead_than_one_wait_releases_is_shed_on_arrival() {
+    // 100 ms wait, 100 releases a second: 10 released in the last wait.
+    let (mut q, now) = draining(29, 20, 100);
+    assert_eq!(q.len(), 9);
+    // With 9 ahead a newcomer is held ...
+    held(q.enqueue(fifo(0), now));
+    // ... with 10 ahead it would need 11 releases within its wait: shed, and
+    // nothing changes.
     let depth = q.depth_by_band();
-    match q.enqueue(fifo(0), now) {
-        Admission::ShedExpectedTimeout { expected } => {
-            assert!(expected > Duration::from_millis(1000), "{expected:?}")
-        }
-        other => panic!("expected a shed on arrival, got {other:?}"),
-    }
-    assert_eq!(q.len(), 101);
+    assert_eq!(foreseen(q.enqueue(fifo(0), now)), (10, 10));
+    assert_eq!(q.len(), 10);
     assert_eq!(q.depth_by_band(), depth);
-    // The same queue with a longer wait holds it.
-    q.set_limits(limits(10_000, 2000));
+    // A tenant whose policy waits 200 ms counts the 20 released in 200 ms.
+    q.set_limits(limits(10_000, 200));
     held(q.enqueue(fifo(0), now));
 }
 
 #[test]
 fn only_what_would_be_released_first_counts_ahead() {
-    let (mut q, now) = draining_at_100_per_second(200, 1000);
+    let (mut q, now) = draining(200, 20, 100);
     // A higher band has nothing ahead of it; a lower one everything.
-    assert_eq!(q.expected_wait(&fifo(1), now), None);
+    assert_eq!(q.foresees_timeout(&fifo(1), now), None);
     held(q.enqueue(fifo(1), now));
-    assert!(matches!(
-        q.enqueue(fifo(-1), now),
-        Admission::ShedExpectedTimeout { .. }
-    ));
+    assert_eq!(foreseen(q.enqueue(fifo(-1), now)), (181, 10));
     // Under fair queuing a tenant under its share goes before a flood's
-    // backlog: a fair tenant's lane holds 184 requests; another tenant's
-    // newcomer has only the flood's first few ahead of it.
-    let mut q = FlowQueue::new(limits(10_000, 500));
+    // backlog: the flood's newcomer is shed, another tenant's is held.
+    let mut q = FlowQueue::new(limits(10_000, 100));
     for _ in 0..200 {
         held(q.enqueue(fair("flood", 1), T0));
     }
     let mut now = T0;
-    for _ in 0..RELEASE_RATE_SAMPLES {
+    for _ in 0..20 {
         now = now.plus(Duration::from_millis(10));
         assert!(q.release(now).is_some());
     }
-    assert!(matches!(
-        q.enqueue(fair("flood", 1), now),
-        Admission::ShedExpectedTimeout { .. }
-    ));
+    assert_eq!(foreseen(q.enqueue(fair("flood", 1), now)), (180, 11));
     // The band clock is at the last released request's start: a newcomer
     // of an idle tenant finishes before the flood's next one.
-    assert_eq!(q.expected_wait(&fair("quiet", 1), now), None);
+    assert_eq!(q.foresees_timeout(&fair("quiet", 1), now), None);
     let quiet = held(q.enqueue(fair("quiet", 1), now));
     assert_eq!(q.peek(), Some(quiet));
 }
 
 #[test]
-fn without_a_recent_release_rate_nothing_is_shed_on_arrival() {
-    // Fewer releases than the rate needs.
-    let mut q = FlowQueue::new(limits(10_000, 100));
-    for _ in 0..200 {
-        held(q.enqueue(fifo(0), T0));
-    }
-    let mut now = T0;
-    for _ in 0..RELEASE_RATE_SAMPLES - 1 {
-        now = now.plus(Duration::from_millis(10));
-        assert!(q.release(now).is_some());
-    }
-    assert_eq!(q.expected_wait(&fifo(0), now), None);
+fn without_a_pace_shown_over_a_whole_wait_nothing_is_shed_on_arrival() {
+    // Backlogged for less than one wait (95 ms of 100): no foresight yet.
+    let (mut q, now) = draining(200, 9, 100);
+    assert!(now.since(T0) < Duration::from_millis(100));
+    assert_eq!(q.foresees_timeout(&fifo(0), now), None);
     held(q.enqueue(fifo(0), now));
-    // A stall: no release for longer than maxQueueWait. The old pace is not
-    // trusted; newcomers are held (and time out if the stall goes on).
-    let (mut q, now) = draining_at_100_per_second(200, 100);
+    // A stall: fewer than MIN_RELEASES_TO_FORESEE in the last wait. The old
+    // pace is not trusted; newcomers are held (and time out if it goes on).
+    let (mut q, now) = draining(200, 20, 100);
     assert!(matches!(
         q.enqueue(fifo(0), now),
         Admission::ShedExpectedTimeout { .. }
     ));
-    let later = now.plus(Duration::from_millis(101));
-    assert_eq!(q.expected_wait(&fifo(0), later), None);
-    held(q.enqueue(fifo(0), later));
-    // A new backlog after the queue emptied starts its measurement again.
-    let (mut q, now) = draining_at_100_per_second(RELEASE_RATE_SAMPLES + 1, 100);
-    assert!(q.release(now).is_some());
+    let stalled = now.plus(Duration::from_millis(70));
+    assert_eq!(q.foresees_timeout(&fifo(0), stalled), None);
+    held(q.enqueue(fifo(0), stalled));
+    // A queue that emptied starts again: its new backlog is younger than a wait.
+    let (mut q, now) = draining(20, 20, 100);
     assert!(q.is_empty());
-    for _ in 0..500 {
+    for _ in 0..50 {
         held(q.enqueue(fifo(0), now));
     }
 }
