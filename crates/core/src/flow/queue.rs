@@ -46,8 +46,10 @@ pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 
 /// The fewest releases within the last `maxQueueWait` from which the queue
 /// foresees a newcomer's timeout ([`FlowQueue::foresees_timeout`]): fewer is a
-/// stall or a trickle, whose pace says too little to shed on.
-pub const MIN_RELEASES_TO_FORESEE: usize = 4;
+/// stall or a trickle, whose pace says too little to shed on (under a 100 ms
+/// wait, 8 releases is 80 a second; a transient backlog below capacity
+/// releases fewer).
+pub const MIN_RELEASES_TO_FORESEE: usize = 8;
 
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
