@@ -1,8 +1,9 @@
 //! Flow control on the ext_proc path: a request whose every eligible replica is
 //! saturated is held, in the order of the core's [`FlowQueue`], until a replica
 //! frees, its wait runs out (429 `queue-timeout`) or a full queue sheds it (429
-//! `queue-full` / `priority`). One whose wait would run out, at the queue's
-//! measured release rate, is shed on arrival (429 `queue-timeout`).
+//! `queue-full` / `priority`). One whose wait would run out (at least as many
+//! held ahead of it as the queue released in the last `maxQueueWait`) is shed
+//! on arrival (429 `queue-timeout`).
 //!
 //! ```text
 //!  stream ──FlowGate::admit──▶ Pass (below saturation: the queue is not touched)

@@ -75,9 +75,10 @@ pub enum ShedReason {
     QueueFull,
     /// Held for `maxQueueWait` without a replica freeing.
     QueueTimeout,
-    /// On arrival, more requests are ahead of it than the queue released in
-    /// the last `maxQueueWait`: shed at once rather than after holding it that
-    /// long. Told to the client as `queue-timeout` (its wait would run out).
+    /// On arrival, at least as many requests are ahead of it as the queue
+    /// released in the last `maxQueueWait`: shed at once rather than after
+    /// holding it that long. Told to the client as `queue-timeout` (its wait
+    /// would run out).
     ExpectedTimeout,
     /// Evicted from a full queue by a higher-priority newcomer.
     Priority,
@@ -351,10 +352,12 @@ impl FlowQueue {
         self.deadlines.first().map(|(t, _)| *t)
     }
 
-    /// Whether a request arriving now would time out held: more requests
-    /// would leave the queue before it (every higher band, and in its own band
-    /// those whose finish tag is not after the one it would get) than the queue
-    /// released in the last `maxQueueWait`. Foreseen only from a pace the queue
+    /// Whether a request arriving now would time out held, as `(ahead,
+    /// released)`: at least as many requests would leave the queue before it
+    /// (every higher band, and in its own band those whose finish tag is not
+    /// after the one it would get) as the queue released in the last
+    /// `maxQueueWait`, so its own turn would need more releases than a whole
+    /// wait brought. Foreseen only from a pace the queue
     /// has shown: it has held requests for at least the last `maxQueueWait`
     /// without a break, and released at least [`MIN_RELEASES_TO_FORESEE`] in
     /// it. A stall foresees nothing (its newcomers are held and time out as
