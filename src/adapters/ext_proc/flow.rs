@@ -261,20 +261,15 @@ impl FlowGate {
         let admission = mq.queue.enqueue(request, now);
         let retry_after_secs = limits.retry_after_secs();
         let ticket = match admission {
-            Admission::Shed => {
+            Admission::Shed | Admission::ShedExpectedTimeout { .. } => {
                 drop(queues);
-                self.metrics.record_shed(ShedReason::QueueFull);
+                let reason = match admission {
+                    Admission::Shed => ShedReason::QueueFull,
+                    _ => ShedReason::ExpectedTimeout,
+                };
+                self.metrics.record_shed(reason);
                 return Gate::Shed(Shed {
-                    reason: ShedReason::QueueFull,
-                    retry_after_secs,
-                    waited: Duration::ZERO,
-                });
-            }
-            Admission::ShedExpectedTimeout { .. } => {
-                drop(queues);
-                self.metrics.record_shed(ShedReason::ExpectedTimeout);
-                return Gate::Shed(Shed {
-                    reason: ShedReason::ExpectedTimeout,
+                    reason,
                     retry_after_secs,
                     waited: Duration::ZERO,
                 });
