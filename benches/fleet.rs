@@ -104,6 +104,8 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
                 scope: scope().to_owned(),
                 replica: REPLICA.into(),
                 uncached_tokens: TOKENS,
+                prompt_tokens: 0,
+                priority: 0,
                 pending: Vec::new(),
             },
         ),

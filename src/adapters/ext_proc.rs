@@ -117,6 +117,9 @@ impl ExtProc {
             metrics.flow().clone(),
             config.saturation,
         ));
+        // With fleet sync, the peers' routes count in this gate's tenant shares.
+        let shares = Arc::downgrade(&flow);
+        router.share_fleet_service(shares);
         Self {
             flow,
             router,

@@ -238,6 +238,8 @@ pub fn lookup_request(req: &pb::LookupRouteRequest) -> LookupRequest<'_> {
         candidate_replicas: &req.candidate_replicas,
         lora_adapter: &req.lora_adapter,
         cache_salt: &req.cache_salt,
+        // A LookupRoute is a query: nothing is admitted, no priority applies.
+        priority: 0,
     }
 }
 

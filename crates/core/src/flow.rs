@@ -22,6 +22,19 @@
 mod queue;
 pub mod saturation;
 
+use crate::scope::ScopeRef;
+use crate::time::Timestamp;
+
+/// Fleet sync's share of flow control: every route a peer sidecar publishes is
+/// charged to its tenant here as if this sidecar had served it, so tenant shares
+/// are the fleet's, not one sidecar's (the adapter's queues implement it; the
+/// router hands it the peers' routes, [`crate::Router::share_fleet_service`]).
+pub trait FleetShares: Send + Sync {
+    /// A peer routed a request of `scope` with `prompt_tokens` (at least 1) at
+    /// `priority`.
+    fn peer_served(&self, scope: ScopeRef<'_>, priority: i64, prompt_tokens: u64, now: Timestamp);
+}
+
 pub use queue::{
     Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MIN_RELEASES_TO_FORESEE,
     QueueLimits, Request, ShedReason, Ticket,

@@ -25,6 +25,17 @@ use crate::load::{RouteFacts, SharedRoute};
 use crate::scope::{ScopeKey, ScopeRef};
 use crate::time::Timestamp;
 
+/// What one route of this sidecar asks of its replica, as the peers are told.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RouteWork {
+    /// Tokens the replica has to prefill (not cached there).
+    pub uncached_tokens: u64,
+    /// The request's prompt tokens and flow-control priority: what the peers'
+    /// flow control charges its tenant.
+    pub prompt_tokens: u64,
+    pub priority: i64,
+}
+
 /// This sidecar's place in its fleet.
 #[derive(Debug)]
 pub(crate) struct Fleet {
@@ -58,7 +69,7 @@ impl Fleet {
         &self,
         scope: ScopeRef<'_>,
         replica: &str,
-        uncached_tokens: u64,
+        work: RouteWork,
         pending: Vec<u64>,
     ) -> Arc<SharedRoute> {
         let route = self.next_route.fetch_add(1, Ordering::Relaxed);
@@ -69,7 +80,9 @@ impl Fleet {
                 route,
                 scope: scope.to_owned(),
                 replica: replica.to_string(),
-                uncached_tokens,
+                uncached_tokens: work.uncached_tokens,
+                prompt_tokens: work.prompt_tokens,
+                priority: work.priority,
                 pending,
             },
         )

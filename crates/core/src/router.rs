@@ -6,13 +6,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::chain;
 use super::decision::{self, outcome::Decision, request::LookupRequest};
+use super::flow::FleetShares;
 use super::flow::saturation::Pressure;
 use super::index::{
     Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
@@ -21,7 +22,7 @@ use super::index::{
 use super::load::Inflight;
 use super::load::RouteFacts;
 use super::load::peer_ledger::{Fact, MAX_SHARED_PENDING, Message, Outcome};
-use super::peers::Fleet;
+use super::peers::{Fleet, RouteWork};
 use super::policy::EvictionAlgorithm;
 use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
 use super::snapshot::PolicySnapshot;
@@ -41,6 +42,9 @@ pub struct Router {
     fleet_turn: AtomicUsize,
     /// Fleet sync: the other sidecars' routes, and where this one's go.
     fleet: OnceLock<Fleet>,
+    /// Where the peers' routes are charged to their tenants' shares (flow
+    /// control's queues; weak: they hold this router).
+    fleet_shares: Mutex<Option<Weak<dyn FleetShares>>>,
 }
 
 impl Router {
@@ -52,6 +56,7 @@ impl Router {
             over_cap: OnceLock::new(),
             fleet_turn: AtomicUsize::new(0),
             fleet: OnceLock::new(),
+            fleet_shares: Mutex::new(None),
         };
         router.install(snapshot, now);
         router
@@ -186,7 +191,12 @@ impl Router {
                 let chain = k.as_deref().unwrap_or(req.block_hashes);
                 chain[..chain.len().min(MAX_SHARED_PENDING)].to_vec()
             });
-            inflight.share(fleet.share(scope, &replica, inflight.uncached_tokens(), pending));
+            let work = RouteWork {
+                uncached_tokens: inflight.uncached_tokens(),
+                prompt_tokens: requested,
+                priority: req.priority,
+            };
+            inflight.share(fleet.share(scope, &replica, work, pending));
         }
         let Some(snapshot) = snapshot else {
             return Some(inflight);
@@ -253,10 +263,25 @@ impl Router {
             } if !pending.is_empty() => Some((scope.clone(), replica.clone(), pending.clone())),
             _ => None,
         };
+        let shares = self.fleet_shares.lock().as_ref().and_then(Weak::upgrade);
+        let served = match (&shares, &msg.fact) {
+            (
+                Some(_),
+                Fact::Routed {
+                    scope,
+                    prompt_tokens,
+                    priority,
+                    ..
+                },
+            ) if *prompt_tokens > 0 => Some((scope.clone(), *priority, *prompt_tokens)),
+            _ => None,
+        };
         let outcome = fleet.apply(&self.index, msg, now);
-        if let (Some((scope, replica, chain)), Outcome::Applied | Outcome::AppliedAfterGap) =
-            (pending, outcome)
-        {
+        let applied = matches!(outcome, Outcome::Applied | Outcome::AppliedAfterGap);
+        if let (Some(shares), Some((scope, priority, tokens)), true) = (shares, served, applied) {
+            shares.peer_served(scope.as_ref(), priority, tokens, now);
+        }
+        if let (Some((scope, replica, chain)), true) = (pending, applied) {
             let ttl = self
                 .snapshot
                 .load()
@@ -272,6 +297,13 @@ impl Router {
             }
         }
         Some(outcome)
+    }
+
+    /// Fleet sync: the peers' routes are charged to their tenants in `shares`
+    /// from now on (replacing whatever was set before), so flow control's
+    /// tenant shares count what the whole fleet served.
+    pub fn share_fleet_service(&self, shares: Weak<dyn FleetShares>) {
+        *self.fleet_shares.lock() = Some(shares);
     }
 
     /// Drops the peers silent past the heartbeat timeout; returns how many.

@@ -38,7 +38,10 @@ use tokio::sync::{Notify, oneshot};
 use crate::adapters::metrics::flow::FlowMetrics;
 use crate::core::Router;
 use crate::core::flow::saturation::{Thresholds, all_saturated};
-use crate::core::flow::{Admission, FlowQueue, QueueLimits, Request, ShedReason, Ticket};
+use crate::core::flow::{
+    Admission, FleetShares, FlowQueue, QueueLimits, Request, ShedReason, Ticket,
+};
+use crate::core::policy::FlowControl;
 use crate::core::scope::ScopeRef;
 use crate::core::time::Timestamp;
 
@@ -206,10 +209,7 @@ impl FlowGate {
         if !fc.enabled || !scope.is_well_formed() {
             return Gate::Pass;
         }
-        let limits = QueueLimits {
-            max_queued: usize::try_from(fc.max_queued).unwrap_or(usize::MAX),
-            max_wait: fc.max_queue_wait,
-        };
+        let limits = limits_of(&fc);
         let request = Request {
             priority,
             tenant: &fields.tenant,
@@ -237,20 +237,7 @@ impl FlowGate {
                 &self.thresholds.with_backlog(fc.max_backlog_tokens),
             )
         };
-        if !queues.contains_key(&fields.model) {
-            // A new model's queue: first drop those with nothing held or
-            // remembered, so names seen once do not accumulate.
-            forget_idle(&mut queues, now);
-            queues.insert(
-                fields.model.clone(),
-                ModelQueue {
-                    queue: FlowQueue::new(limits),
-                    waiters: HashMap::new(),
-                    in_transit: Arc::new(AtomicUsize::new(0)),
-                },
-            );
-        }
-        let Some(mq) = queues.get_mut(&fields.model) else {
+        let Some(mq) = queue_for(&mut queues, &fields.model, limits, now) else {
             return Gate::Pass;
         };
         if pass {
@@ -435,6 +422,61 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
             }
             None => wake.notified().await,
         }
+    }
+}
+
+/// Fleet sync: a peer's route is charged to its tenant's lane in the model's
+/// queue, as a request this sidecar passed straight to a replica is, so a tenant
+/// the peers serve waits behind the others here too. Nothing for a tenant whose
+/// policy has flow control off (its requests never queue).
+impl FleetShares for FlowGate {
+    fn peer_served(&self, scope: ScopeRef<'_>, priority: i64, prompt_tokens: u64, now: Timestamp) {
+        let snapshot = self.router.snapshot();
+        let tenant = snapshot.tenant(scope.tenant);
+        let fc = tenant.policy.flow_control;
+        if !fc.enabled || !scope.is_well_formed() {
+            return;
+        }
+        let request = Request {
+            priority,
+            tenant: scope.tenant,
+            fair_weight: tenant.fair_weight,
+            tokens: prompt_tokens.max(1),
+        };
+        let mut queues = self.queues.lock();
+        if let Some(mq) = queue_for(&mut queues, scope.model, limits_of(&fc), now) {
+            mq.queue.charge(request, now);
+        }
+    }
+}
+
+/// The model's queue, made when it has none (after dropping the idle ones, so
+/// names seen once do not accumulate).
+fn queue_for<'q>(
+    queues: &'q mut HashMap<String, ModelQueue>,
+    model: &str,
+    limits: QueueLimits,
+    now: Timestamp,
+) -> Option<&'q mut ModelQueue> {
+    if !queues.contains_key(model) {
+        forget_idle(queues, now);
+        queues.insert(
+            model.to_owned(),
+            ModelQueue {
+                queue: FlowQueue::new(limits),
+                waiters: HashMap::new(),
+                in_transit: Arc::new(AtomicUsize::new(0)),
+            },
+        );
+    }
+    queues.get_mut(model)
+}
+
+/// The queue bounds a tenant's policy sets.
+fn limits_of(fc: &FlowControl) -> QueueLimits {
+    QueueLimits {
+        max_queued: usize::try_from(fc.max_queued).unwrap_or(usize::MAX),
+        max_wait: fc.max_queue_wait,
     }
 }
 

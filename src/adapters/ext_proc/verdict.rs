@@ -208,6 +208,7 @@ impl Verdict {
                     candidate_replicas: candidates,
                     lora_adapter: &f.lora_adapter,
                     cache_salt: &f.cache_salt,
+                    priority: parsed.priority,
                 };
                 let started = Instant::now();
                 let decision = router.lookup(&req, now);

@@ -32,6 +32,8 @@ fn routed(route: u64) -> Fact {
         scope: ScopeRef::new("acme", "llama", "vllm").to_owned(),
         replica: "r1".into(),
         uncached_tokens: 10,
+        prompt_tokens: 0,
+        priority: 0,
         pending: Vec::new(),
     }
 }

@@ -18,8 +18,13 @@
 //!                         7: uint64 released; 8: Empty heartbeat; 9: Empty leave } }
 //! Routed   { 1: uint64 route; 2: string tenant; 3: string model;
 //!            4: string hash_scheme; 5: string replica; 6: uint64 uncached_tokens;
-//!            7: repeated fixed64 pending }
+//!            7: repeated fixed64 pending; 8: uint64 prompt_tokens;
+//!            9: sint64 priority }
 //! ```
+//!
+//! Fields 8 and 9 (what the receivers' flow control charges the tenant) came
+//! after the first sidecars of this version: a message without them reads as 0
+//! tokens, which charges nothing.
 //!
 //! A future format keeps field 1 a varint version, so a sidecar reads it before
 //! anything else and reports the message as a foreign version, not as garbage.
@@ -105,6 +110,10 @@ struct Routed {
     uncached_tokens: u64,
     #[prost(fixed64, repeated, tag = "7")]
     pending: Vec<u64>,
+    #[prost(uint64, tag = "8")]
+    prompt_tokens: u64,
+    #[prost(sint64, tag = "9")]
+    priority: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -126,6 +135,8 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             scope,
             replica,
             uncached_tokens,
+            prompt_tokens,
+            priority,
             pending,
         } => WireFact::Routed(Routed {
             route: *route,
@@ -135,6 +146,8 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             replica: replica.clone(),
             uncached_tokens: *uncached_tokens,
             pending: pending.clone(),
+            prompt_tokens: *prompt_tokens,
+            priority: *priority,
         }),
         Fact::PrefillEnded { route } => WireFact::PrefillEnded(*route),
         Fact::Released { route } => WireFact::Released(*route),
@@ -176,6 +189,8 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
                 scope: ScopeRef::new(&r.tenant, &r.model, &r.hash_scheme).to_owned(),
                 replica: r.replica,
                 uncached_tokens: r.uncached_tokens,
+                prompt_tokens: r.prompt_tokens,
+                priority: r.priority,
                 pending: r.pending,
             }
         }

@@ -20,6 +20,10 @@ pub struct LookupRequest<'a> {
     /// request never matches blocks stored under another identity.
     pub lora_adapter: &'a str,
     pub cache_salt: &'a str,
+    /// Its flow-control priority (`x-inferencecache-priority`, 0 when absent).
+    /// The decision ignores it; an admitted route carries it to the fleet's
+    /// peers, whose flow control charges the tenant in that priority.
+    pub priority: i64,
 }
 
 /// The chain after step 1, and what steps 2–4 need to know about it.

@@ -403,6 +403,7 @@ impl Req {
             candidate_replicas: &self.candidates,
             lora_adapter: self.lora,
             cache_salt: self.salt,
+            priority: 0,
         }
     }
 }

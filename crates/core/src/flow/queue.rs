@@ -10,10 +10,11 @@
 //! first-come, first-served lane of the band (weight 1, FIFO by arrival).
 //!
 //! Every request a band serves is charged to its lane, held or not: a request
-//! that finds a replica with room while nothing is held ([`FlowQueue::charge`])
-//! moves its lane's last finish tag as if it had been enqueued and released at
-//! once. So a tenant that took more than its share while the queue was empty
-//! queues behind the others when the queue fills again. The lead an idle lane
+//! that finds a replica with room while nothing is held, and with fleet sync
+//! every request a peer sidecar routes ([`FlowQueue::charge`]), moves its
+//! lane's last finish tag as if it had been enqueued and released at once. So
+//! a tenant that took more than its share while the queue was empty, or
+//! through other sidecars, queues behind the others here. The lead an idle lane
 //! holds over the band clock halves every [`FAIRNESS_HALF_LIFE`] (service more
 //! than a few seconds old no longer counts), and a lane idle for
 //! [`FAIRNESS_MEMORY`] is forgotten; a band lives while it holds requests or
@@ -143,6 +144,10 @@ struct Entry {
     enqueued_at: Timestamp,
     finish: u128,
     start: u128,
+    /// It started where its lane's service ended (the lane was backlogged or
+    /// ahead of the clock), not at the band clock: removing an earlier request
+    /// moves it up.
+    chained: bool,
 }
 
 #[derive(Debug, Default)]
@@ -182,10 +187,10 @@ impl Lane {
     }
 
     /// Takes `ticket` out of the lane and retags the later requests as if it had
-    /// never been enqueued: a request whose start was its predecessor's finish
-    /// (the lane was backlogged) starts where its new predecessor finishes now,
-    /// the first of them where the removed one started; a request that started
-    /// at the band clock (the lane was idle before it) keeps its tags.
+    /// never been enqueued: every later request chained after it (the lane's
+    /// service, its own and any [charged](FlowQueue::charge) meanwhile, ran on
+    /// from it) moves up by its cost, and so does the lane's last finish; from
+    /// the first request that started at the band clock on, the tags stay.
     fn refund(&mut self, ticket: Ticket) {
         let Some(i) = self.entries.iter().position(|e| e.ticket == ticket) else {
             return;
@@ -193,21 +198,20 @@ impl Lane {
         let Some(removed) = self.entries.remove(i) else {
             return;
         };
-        let (mut old_prev_finish, mut new_prev_finish) = (removed.finish, removed.start);
+        let cost = removed.finish - removed.start;
+        let mut all_moved = true;
         for e in self.entries.iter_mut().skip(i) {
-            if e.start != old_prev_finish {
+            if !e.chained {
+                all_moved = false;
                 break;
             }
-            let own = e.finish - e.start;
-            old_prev_finish = e.finish;
-            e.start = new_prev_finish;
-            e.finish = e.start + own;
-            new_prev_finish = e.finish;
+            // A chained request starts at or after the removed one's finish.
+            e.start = e.start.saturating_sub(cost);
+            e.finish = e.finish.saturating_sub(cost);
         }
-        self.last_finish = match self.entries.back() {
-            Some(last) => last.finish,
-            None => removed.start,
-        };
+        if all_moved {
+            self.last_finish = self.last_finish.saturating_sub(cost);
+        }
     }
 }
 
@@ -314,9 +318,11 @@ impl FlowQueue {
         self.bands.is_empty()
     }
 
-    /// Charges a request served without being held (a replica had room and
-    /// nothing was queued) to its lane, as if enqueued and released at once.
-    /// The band clock does not move: it follows what the queue releases.
+    /// Charges a request served without being held here (a replica had room
+    /// and nothing was queued, or a peer sidecar routed it) to its lane, as if
+    /// enqueued and released at once; requests of the lane held now keep their
+    /// tags, its next one starts after the charge. The band clock does not
+    /// move: it follows what the queue releases.
     pub fn charge(&mut self, req: Request<'_>, now: Timestamp) {
         let band = self.bands.entry(Reverse(req.priority)).or_default();
         let lane = band.lanes.entry(req.lane_key()).or_default();
@@ -443,12 +449,14 @@ impl FlowQueue {
         let band = self.bands.entry(Reverse(req.priority)).or_default();
         let lane_key = req.lane_key();
         let lane = band.lanes.entry(lane_key.clone()).or_default();
+        let ran_on_from = (!lane.entries.is_empty()).then_some(lane.last_finish);
         let (start, finish) = lane.charge(band.clock, req.cost(), now);
         lane.entries.push_back(Entry {
             ticket,
             enqueued_at: now,
             finish,
             start,
+            chained: ran_on_from == Some(start),
         });
         band.len += 1;
         self.backlog_since.get_or_insert(now);

@@ -51,6 +51,11 @@ pub enum Fact {
         replica: String,
         /// Tokens the replica has to prefill for it (not cached there).
         uncached_tokens: u64,
+        /// Its prompt tokens and flow-control priority: what the receivers'
+        /// flow control charges its tenant (0 tokens: a publisher that does
+        /// not say, charged nothing).
+        prompt_tokens: u64,
+        priority: i64,
         /// The chain the publisher recorded as pending for the replica (its
         /// first [`MAX_SHARED_PENDING`] blocks; empty when its policy keeps no
         /// pending entries): the receivers record it too.
@@ -199,7 +204,7 @@ impl PeerLedger {
                 scope,
                 replica,
                 uncached_tokens,
-                pending: _,
+                ..
             } => {
                 let replica = (scope, replica);
                 if peer.routes.contains_key(&route) {

@@ -100,6 +100,8 @@ mod tests {
             scope: ScopeRef::new("t", "m", "s").to_owned(),
             replica: "r".into(),
             uncached_tokens: tokens,
+            prompt_tokens: 0,
+            priority: 0,
             pending: Vec::new(),
         }
     }

@@ -657,6 +657,85 @@ fn a_tenant_served_while_nothing_was_held_queues_behind_one_that_was_not() {
     assert!(gate.queues.lock().is_empty());
 }
 
+/// A fleet peer that publishes nowhere: the routes under test arrive through
+/// `Router::apply_peer`, as the fleet subscriber delivers them.
+#[derive(Debug)]
+struct Nowhere;
+
+impl crate::core::load::RouteFacts for Nowhere {
+    fn publish(&self, _: crate::core::load::peer_ledger::Fact) {}
+}
+
+/// A peer's message: its `seq`-th route, a request of `tenant` for r1.
+fn peer_route(
+    seq: u64,
+    tenant: &str,
+    prompt_tokens: u64,
+) -> crate::core::load::peer_ledger::Message {
+    crate::core::load::peer_ledger::Message {
+        peer: "peer".into(),
+        epoch: 1,
+        seq,
+        fact: crate::core::load::peer_ledger::Fact::Routed {
+            route: seq,
+            scope: ScopeRef::new(tenant, "llama", "vllm").to_owned(),
+            replica: "r1".into(),
+            uncached_tokens: 0,
+            prompt_tokens,
+            priority: 0,
+            pending: Vec::new(),
+        },
+    }
+}
+
+/// Through the ext_proc service's own gate (as `ExtProc::new` wires it): a
+/// fleet peer routes three of `tenant`'s requests of `prompt_tokens` each,
+/// then "busy" and "quiet" queue two requests each, "busy" first. The order
+/// they are released in.
+fn order_after_peer_routes(tenant: &str, prompt_tokens: u64) -> Vec<&'static str> {
+    let router = mk_router(
+        &[("busy", Some(1)), ("quiet", Some(1))],
+        &THREE[..1],
+        flow_policy(64, Duration::from_secs(30)),
+    );
+    assert!(router.join_fleet("me", Arc::new(Nowhere)));
+    let svc = mk_service(router.clone(), Thresholds::default());
+    let now = Timestamp::now();
+    for seq in 1..=3 {
+        let applied = router.apply_peer(peer_route(seq, tenant, prompt_tokens), now);
+        assert_eq!(
+            applied,
+            Some(crate::core::load::peer_ledger::Outcome::Applied)
+        );
+    }
+    report_r1(&router, &["busy", "quiet"], 20);
+    let mut pending = hold_each(&svc.flow, &["busy", "quiet"].repeat(2), now);
+    report_r1(&router, &["busy", "quiet"], 0);
+    release_order(&svc.flow, &mut pending, 4)
+}
+
+#[test]
+fn a_tenant_the_fleets_peers_served_queues_behind_one_they_did_not() {
+    // Three requests of "busy" (64 tokens each, as its requests here) served
+    // through a peer: "quiet" catches up first, as if this sidecar had
+    // served them.
+    assert_eq!(
+        order_after_peer_routes("busy", 64),
+        ["quiet", "quiet", "busy", "busy"]
+    );
+    // A peer that does not say a route's prompt tokens charges nothing: the
+    // two tenants alternate, "busy" first as it queued first.
+    assert_eq!(
+        order_after_peer_routes("busy", 0),
+        ["busy", "quiet", "busy", "quiet"]
+    );
+    // Nor does a tenant whose policy has no flow control: no lane moves.
+    assert_eq!(
+        order_after_peer_routes("other", 64),
+        ["busy", "quiet", "busy", "quiet"]
+    );
+}
+
 #[test]
 fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
     let (_router, gate) = fair_gate(&[("busy", Some(1))]);

@@ -11,6 +11,8 @@ fn routed() -> Message {
             scope: ScopeRef::new("acme", "llama", "vllm-sha256-cbor").to_owned(),
             replica: "10.0.0.7:8000".into(),
             uncached_tokens: 1536,
+            prompt_tokens: 1600,
+            priority: -3,
             pending: Vec::new(),
         },
     }
@@ -103,6 +105,8 @@ fn routed_wire(tenant: &str, model: &str, scheme: &str, replica: &str) -> Option
         replica: replica.into(),
         uncached_tokens: 0,
         pending: Vec::new(),
+        prompt_tokens: 0,
+        priority: 0,
     }))
 }
 

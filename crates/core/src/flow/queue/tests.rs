@@ -257,6 +257,55 @@ fn requests_served_without_being_held_are_charged_to_their_tenant() {
     );
 }
 
+/// Enqueues one request per name of `tenants`, in order, then releases
+/// everything: the tenants in release order ("busy" for those held before).
+fn release_all(q: &mut FlowQueue, tenants: &[&'static str]) -> String {
+    let mut owner = HashMap::new();
+    for &t in tenants {
+        owner.insert(held(q.enqueue(fair(t, 1), T0)), t);
+    }
+    std::iter::from_fn(|| q.release(T0))
+        .map(|h| owner.get(&h.ticket).copied().unwrap_or("busy"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn service_charged_after_a_held_request_stays_charged_when_it_leaves() {
+    // "busy" has two requests held here when the fleet's peers serve it four
+    // more; then its second held request leaves (its client went away). Only
+    // that request is refunded: the four stay charged, so "quiet" is served
+    // five requests before "busy"'s next one.
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let _first = held(q.enqueue(fair("busy", 1), T0));
+    let second = held(q.enqueue(fair("busy", 1), T0));
+    for _ in 0..4 {
+        q.charge(fair("busy", 1), T0);
+    }
+    assert!(q.cancel(second));
+    let order = release_all(
+        &mut q,
+        &["busy", "quiet", "quiet", "quiet", "quiet", "quiet", "quiet"],
+    );
+    assert_eq!(order, "busy quiet quiet quiet quiet quiet busy quiet");
+}
+
+#[test]
+fn a_held_request_queued_behind_charged_service_moves_up_when_one_ahead_leaves() {
+    // "busy": one request held, four served by peers, one more held behind
+    // them. The first leaves: the second moves up by exactly that request
+    // (it now finishes five requests in, not six).
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let first = held(q.enqueue(fair("busy", 1), T0));
+    for _ in 0..4 {
+        q.charge(fair("busy", 1), T0);
+    }
+    let _behind = held(q.enqueue(fair("busy", 1), T0));
+    assert!(q.cancel(first));
+    let order = release_all(&mut q, &["quiet"; 5]);
+    assert_eq!(order, "quiet quiet quiet quiet busy quiet");
+}
+
 #[test]
 fn a_tenant_that_emptied_its_lane_keeps_what_it_was_served() {
     let mut q = FlowQueue::new(limits(1000, 60_000));

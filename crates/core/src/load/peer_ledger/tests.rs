@@ -23,6 +23,8 @@ fn routed(route: u64, replica: &str, tokens: u64) -> Fact {
         scope: scope().to_owned(),
         replica: replica.into(),
         uncached_tokens: tokens,
+        prompt_tokens: 0,
+        priority: 0,
         pending: Vec::new(),
     }
 }
@@ -278,6 +280,8 @@ fn scopes_are_kept_apart() {
                 scope: other.to_owned(),
                 replica: "r1".into(),
                 uncached_tokens: 5,
+                prompt_tokens: 0,
+                priority: 0,
                 pending: Vec::new(),
             },
         ),
