@@ -1,6 +1,7 @@
 """Fleet sync through real Envoys and a real nats-server: two sidecars with
 --fleet-nats route as one (a holder only sidecar 1 loaded spills for sidecar
-2), NATS lost mid-traffic fails no request and sync resumes when it is back, a
+2; a tenant served through one sidecar queues behind another at the other),
+NATS lost mid-traffic fails no request and sync resumes when it is back, a
 killed peer's routes go within 3 s, a cleanly stopped peer's at once, and
 forged or garbage messages change nothing."""
 
@@ -53,7 +54,7 @@ class Fleet:
     """Three upstreams, one nats-server, two sidecars (s1, s2) each behind its
     own Envoy, all in one fleet."""
 
-    def __init__(self):
+    def __init__(self, policy=None):
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="inferencecache-fleet-"))
         self.name = "e2e" + secrets.token_hex(4)
         self.nats = NatsServer(self.workdir)
@@ -64,7 +65,8 @@ class Fleet:
             d.mkdir()
             sc = Sidecar(d, self.upstreams, "override-host", extra_args=(
                 "--fleet-nats", self.nats.url, "--fleet-id", f"s{i}",
-                "--fleet-name", self.name))
+                "--fleet-name", self.name),
+                policy=policy(self.upstreams) if policy else None)
             self.sidecars.append(sc)
             self.envoys.append(Envoy(d, "override-host.yaml", sc, self.upstreams))
         self.wait_synced()
@@ -101,6 +103,114 @@ def fleet():
     f = Fleet()
     yield f
     f.close()
+
+
+FAIR_TENANTS = ("busy", "quiet")
+
+
+def _fair_policy(upstreams) -> str:
+    """Tenants busy and quiet, each in its own namespace in Fairness mode (weight
+    1) with flow control on, both served by every upstream."""
+    endpoints = "\n".join(
+        f"    - id: {u.replica_id}\n      address: {u.address}" for u in upstreams)
+    docs = []
+    for tenant in FAIR_TENANTS:
+        docs.append(f"""apiVersion: inferencecache.io/v1alpha1
+kind: CacheTenant
+metadata: {{name: {tenant}, namespace: {tenant}}}
+spec:
+  tenantID: {tenant}
+  isolationMode: Fairness
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CachePolicy
+metadata: {{name: default, namespace: {tenant}}}
+spec:
+  affinityRouting: Enabled
+  loadBalancing: {{statsMaxAge: 120s}}
+  flowControl: {{enabled: true, maxQueueWait: 25s, maxQueuedRequests: 8}}
+---
+apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{name: llama, namespace: {tenant}}}
+spec:
+  engine: vLLM
+  modelID: {MODEL}
+  hashScheme: {SCHEME}
+  blockSize: 16
+  endpoints:
+{endpoints}
+""")
+    return "---\n".join(docs)
+
+
+@pytest.fixture
+def fair_fleet():
+    nats_server_binary()  # fail, never skip, without it
+    f = Fleet(policy=_fair_policy)
+    yield f
+    f.close()
+
+
+def _held(sidecar) -> float:
+    for line in requests.get(f"{sidecar.admin}/metrics", timeout=5).text.splitlines():
+        if line.startswith('inferencecache_flow_queued_requests{priority="0"} '):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def _report_all(sidecar, replica, waiting):
+    for tenant in FAIR_TENANTS:
+        cachewire.report_stats(sidecar.ingest_addr, tenant, MODEL, SCHEME, replica,
+                               waiting=waiting, token=sidecar.ingest_token)
+
+
+def test_a_tenant_served_through_one_sidecar_queues_behind_another_at_the_other(fair_fleet):
+    """Tenant shares are the fleet's: "busy" is served ten requests through
+    sidecar 2; at sidecar 1, whose own traffic so far is none, "busy" and
+    "quiet" then queue one request each, "busy" first, and one replica frees
+    for one request. It goes to "quiet", as it would had sidecar 1 served
+    those ten itself (alone, the earlier "busy" would go first)."""
+    f = fair_fleet
+    s1 = f.sidecars[0]
+    # replica-c holds the first blocks of the prompts sidecar 1 will hold:
+    # released, they go there, with the rest of their prefill still to do.
+    prompts = {t: chain() for t in FAIR_TENANTS}
+    for tenant, hashes in prompts.items():
+        out = cachewire.ingest(s1.ingest_addr, tenant, MODEL, SCHEME, "replica-c",
+                               [cachewire.stored_event(hashes[:2])], token=s1.ingest_token)
+        assert out == {"applied": 1, "rejected": 0}
+    slow = lambda envoy, tenant, hashes=None: _slow_get(envoy, dict(
+        chain_headers(hashes or chain(), tenant=tenant), **{"x-test-hold-ms": "2000"}))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        served = [pool.submit(slow, f.envoys[1], "busy") for _ in range(10)]
+        # Sidecar 1 has applied the ten routes (each charged as it arrived).
+        wait_until(lambda: _total(s1, "peerInflightRequests") == 10, timeout=TIMEOUT,
+                   what="sidecar 1 seeing sidecar 2's ten routes")
+        for r in REPLICAS:
+            _report_all(s1, r, 20)
+        busy = pool.submit(slow, f.envoys[0], "busy", prompts["busy"])
+        wait_until(lambda: _held(s1) == 1, timeout=TIMEOUT, what="busy held at sidecar 1")
+        quiet = pool.submit(slow, f.envoys[0], "quiet", prompts["quiet"])
+        wait_until(lambda: _held(s1) == 2, timeout=TIMEOUT, what="quiet held at sidecar 1")
+        for r in served:
+            assert r.result(timeout=60).status_code == 200
+        wait_until(lambda: _total(s1, "peerInflightRequests") == 0, timeout=TIMEOUT,
+                   what="sidecar 2's routes released at sidecar 1")
+        # Room for one request at replica-c: 7 waiting + the one released.
+        _report_all(s1, "replica-c", 7)
+        done, _ = concurrent.futures.wait([busy, quiet], timeout=60,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        assert done == {quiet}, "busy was released first"
+        assert _held(s1) == 1
+        r = quiet.result()
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert r.text == "replica-c", r.headers
+        # The engine reports it took that one: "busy" goes.
+        _report_all(s1, "replica-c", 0)
+        r = busy.result(timeout=60)
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert r.text == "replica-c", r.headers
 
 
 def _long_prompt(f, hold_ms):
