@@ -87,6 +87,12 @@ pub struct BenchArgs {
     /// driver splits client traffic round-robin across the Envoys.
     #[arg(long, default_value_t = 1)]
     pub sidecars: usize,
+    /// With several sidecars: every request of this tenant (its index in the
+    /// workload, as in `TENANT_WEIGHTS`) goes through the first sidecar's
+    /// Envoy, the others' are split round-robin over all (a tenant whose
+    /// traffic reaches only some sidecars).
+    #[arg(long, value_name = "TENANT")]
+    pub pin_tenant: Option<u8>,
     /// The CacheBackend's engine-metrics scrape interval (`spec.metrics.interval`,
     /// a Go duration); without it the server's default (250ms).
     #[arg(long, value_name = "DURATION")]
@@ -472,7 +478,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                     &refs,
                     prepared.clone(),
                     &engine_costs,
-                    tenant_header,
+                    drive::Sending {
+                        tenant_header,
+                        pinned_tenant: args.pin_tenant,
+                    },
                 )
                 .await?;
                 for s in &mut sidecars {
@@ -951,6 +960,12 @@ fn setup(args: &BenchArgs, engines: &[Engine]) -> String {
             "{} sidecars, each behind its own Envoy (client traffic split round-robin)",
             args.sidecars
         )
+    };
+    let sidecars = match args.pin_tenant {
+        Some(t) if args.sidecars > 1 => {
+            format!("{sidecars}; every request of tenant {t} through the first sidecar")
+        }
+        _ => sidecars,
     };
     let sidecars = if args.fleet_nats {
         format!("{sidecars}, fleet sync over NATS")

@@ -173,9 +173,19 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+/// How the clients send.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sending {
+    /// Requests name their tenant (`x-inferencecache-tenant`).
+    pub tenant_header: bool,
+    /// Every request of this tenant index goes to the first Envoy (the others
+    /// are split round-robin over all of them).
+    pub pinned_tenant: Option<u8>,
+}
+
 /// Sends `schedule` through `router`: `listeners` are its Envoy base URLs (one per
 /// Envoy; request i goes to listener i mod n, so several Envoys split the traffic
-/// round-robin); the oracles go to the engines directly.
+/// round-robin, except a pinned tenant's); the oracles go to the engines directly.
 pub async fn run(
     http: &Http,
     router: Router,
@@ -183,8 +193,9 @@ pub async fn run(
     engines: &[EngineRef],
     schedule: Arc<Vec<Prepared>>,
     costs: &[Option<BatchCosts>],
-    tenant_header: bool,
+    sending: Sending,
 ) -> anyhow::Result<Outcome> {
+    let tenant_header = sending.tenant_header;
     let costs: Arc<Vec<Option<BatchCosts>>> = Arc::new(costs.to_vec());
     if !router.is_oracle() && listeners.is_empty() {
         bail!("{} needs an Envoy listener", router.name());
@@ -230,6 +241,8 @@ pub async fn run(
                     "{}/v1/completions",
                     oracle_pick(&http, &engines, p, router, &ledger, &costs, cap).await?
                 )
+            } else if sending.pinned_tenant == Some(p.request.tenant) {
+                listeners[0].clone()
             } else {
                 listeners[i % listeners.len()].clone()
             };
