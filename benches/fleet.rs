@@ -4,7 +4,8 @@
 //!    prefill ended, released) and the CPU both ends spend on them: the
 //!    publisher's encoding, and the receiver's decoding, checks and ledger
 //!    update ([`subscriber::receive`], which writes the peer load every
-//!    decision reads).
+//!    decision reads); then again with flow control on for the tenant, where
+//!    the receiver also charges each route to the tenant's share.
 //! 2. Through a real nats-server on loopback: a routed fact published by a raw
 //!    client until the receiving sidecar's saturation check
 //!    ([`Router::pressures`], the same load cells the decision reads) shows its
@@ -18,14 +19,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inferencecache::adapters::ext_proc::flow::FlowGate;
 use inferencecache::adapters::fleet::metrics::FleetMetrics;
 use inferencecache::adapters::fleet::subjects::Subjects;
 use inferencecache::adapters::fleet::subscriber::{Received, receive};
 use inferencecache::adapters::fleet::{self, FleetConfig, NatsAccess, wire};
+use inferencecache::adapters::metrics::flow::FlowMetrics;
 use inferencecache::core::Router;
+use inferencecache::core::flow::saturation::Thresholds;
 use inferencecache::core::index::{IndexConfig, IndexEvent, IngestBatch};
 use inferencecache::core::load::RouteFacts;
 use inferencecache::core::load::peer_ledger::{Fact, Message};
+use inferencecache::core::policy::{FlowControl, ResolvedPolicy};
 use inferencecache::core::scope::ScopeRef;
 use inferencecache::core::snapshot::PolicySnapshot;
 use inferencecache::core::time::Timestamp;
@@ -36,6 +41,7 @@ const REPLICA: &str = "llama-3-8b-7d9f8c6b5-x2k4q";
 /// A start's epoch is its time in nanoseconds, as a publisher's is.
 const EPOCH: u64 = 1_800_000_000_000_000_000;
 const TOKENS: u64 = 1536;
+const PROMPT_TOKENS: u64 = 2048;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -51,9 +57,33 @@ fn scope() -> ScopeRef<'static> {
 /// A router that knows the replica the peer routes to; `join`: in a fleet as
 /// `b` with nowhere to publish (part 2 joins through the fleet adapter).
 fn receiver(join: bool) -> Arc<Router> {
+    receiver_under(join, PolicySnapshot::empty())
+}
+
+/// [`receiver`] (joined) with flow control on for every tenant, and a flow
+/// gate, as the ext_proc service sets one up, charging the peers' routes.
+fn receiver_with_flow() -> (Arc<Router>, Arc<FlowGate>) {
+    let policy = ResolvedPolicy {
+        flow_control: FlowControl {
+            enabled: true,
+            ..FlowControl::default()
+        },
+        ..ResolvedPolicy::default()
+    };
+    let router = receiver_under(true, PolicySnapshot::new(policy, Vec::new(), Vec::new()));
+    let gate = Arc::new(FlowGate::new(
+        router.clone(),
+        Arc::new(FlowMetrics::default()),
+        Thresholds::default(),
+    ));
+    router.share_fleet_service(Arc::downgrade(&gate) as std::sync::Weak<_>);
+    (router, gate)
+}
+
+fn receiver_under(join: bool, snapshot: PolicySnapshot) -> Arc<Router> {
     let router = Arc::new(Router::new(
         IndexConfig::default(),
-        PolicySnapshot::empty(),
+        snapshot,
         Timestamp::now(),
     ));
     let events = [IndexEvent::Stored {
@@ -104,7 +134,7 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
                 scope: scope().to_owned(),
                 replica: REPLICA.into(),
                 uncached_tokens: TOKENS,
-                prompt_tokens: 0,
+                prompt_tokens: PROMPT_TOKENS,
                 priority: 0,
                 pending: Vec::new(),
             },
@@ -114,8 +144,15 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
     ]
 }
 
-fn cpu_per_request(requests: usize) {
-    let router = receiver(true);
+/// `flow`: flow control on for the tenant (each route charged to its share).
+fn cpu_per_request(requests: usize, flow: bool) {
+    let (router, _gate) = match flow {
+        true => {
+            let (router, gate) = receiver_with_flow();
+            (router, Some(gate))
+        }
+        false => (receiver(true), None),
+    };
     let subjects = Subjects::new(FLEET);
     let subject = subjects.routes_of("a");
     let (mut encode_ns, mut receive_ns, mut bytes) = (0u128, 0u128, 0usize);
@@ -142,7 +179,14 @@ fn cpu_per_request(requests: usize) {
         receive_ns += t.elapsed().as_nanos();
     }
     let n = (requests.div_ceil(CHUNK) * CHUNK) as f64;
-    println!("fleet sync per routed request (routed + prefill ended + released), {n} requests:");
+    let flow = if flow {
+        ", flow control on (each route charged to its tenant)"
+    } else {
+        ""
+    };
+    println!(
+        "fleet sync per routed request (routed + prefill ended + released), {n} requests{flow}:"
+    );
     println!(
         "  payload bytes: {:.1} (routed {}, prefill ended {}, released {}; plus the subject, {} bytes a message)",
         bytes as f64 / n,
@@ -302,7 +346,9 @@ async fn lag(server: &str, samples: usize) {
 }
 
 fn main() {
-    cpu_per_request(env_usize("IC_BENCH_FLEET_REQUESTS", 200_000));
+    let requests = env_usize("IC_BENCH_FLEET_REQUESTS", 200_000);
+    cpu_per_request(requests, false);
+    cpu_per_request(requests, true);
     let samples = env_usize("IC_BENCH_FLEET_SAMPLES", 2_000);
     match std::env::var("INFERENCECACHE_NATS_SERVER") {
         Ok(server) if !server.is_empty() => tokio::runtime::Builder::new_multi_thread()
