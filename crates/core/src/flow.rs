@@ -36,6 +36,6 @@ pub trait FleetShares: Send + Sync {
 }
 
 pub use queue::{
-    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MIN_RELEASES_TO_FORESEE,
-    QueueLimits, Request, ShedReason, Ticket,
+    Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MAX_REMEMBERED_BANDS,
+    MIN_RELEASES_TO_FORESEE, PRUNE_INTERVAL, QueueLimits, Request, ShedReason, Ticket,
 };

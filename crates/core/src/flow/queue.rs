@@ -52,6 +52,16 @@ pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 /// releases fewer).
 pub const MIN_RELEASES_TO_FORESEE: usize = 8;
 
+/// The most priority bands a queue remembers beside those holding requests.
+/// Charges alone create bands (a band per priority value clients send, and
+/// peers' routes), and without anything held nothing else forgets them: past
+/// this, a charge to a new band first forgets the idle lanes (at most every
+/// [`PRUNE_INTERVAL`]) and, still full, is not remembered.
+pub const MAX_REMEMBERED_BANDS: usize = 1024;
+
+/// How often a charge at [`MAX_REMEMBERED_BANDS`] may forget idle lanes.
+pub const PRUNE_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueLimits {
@@ -259,6 +269,8 @@ pub struct FlowQueue {
     /// Since when the queue has held requests without a break (`None`: it
     /// holds nothing).
     backlog_since: Option<Timestamp>,
+    /// When [`Self::prune`] last ran.
+    pruned_at: Timestamp,
 }
 
 /// One request asking to be held.
@@ -283,6 +295,7 @@ impl FlowQueue {
             next_ticket: 0,
             releases: VecDeque::new(),
             backlog_since: None,
+            pruned_at: Timestamp(0),
         }
     }
 
@@ -324,7 +337,16 @@ impl FlowQueue {
     /// tags, its next one starts after the charge. The band clock does not
     /// move: it follows what the queue releases.
     pub fn charge(&mut self, req: Request<'_>, now: Timestamp) {
-        let band = self.bands.entry(Reverse(req.priority)).or_default();
+        let key = Reverse(req.priority);
+        if !self.bands.contains_key(&key) && self.bands.len() >= MAX_REMEMBERED_BANDS {
+            if now.since(self.pruned_at) >= PRUNE_INTERVAL {
+                self.prune(now);
+            }
+            if self.bands.len() >= MAX_REMEMBERED_BANDS {
+                return;
+            }
+        }
+        let band = self.bands.entry(key).or_default();
         let lane = band.lanes.entry(req.lane_key()).or_default();
         lane.charge(band.clock, req.cost(), now);
     }
@@ -332,6 +354,7 @@ impl FlowQueue {
     /// Forgets the empty lanes untouched for [`FAIRNESS_MEMORY`], and the bands
     /// left with neither requests nor lanes.
     pub fn prune(&mut self, now: Timestamp) {
+        self.pruned_at = now;
         self.bands.retain(|_, band| {
             band.lanes.retain(|_, lane| {
                 !lane.entries.is_empty() || now.since(lane.touched) < FAIRNESS_MEMORY

@@ -307,6 +307,33 @@ fn a_held_request_queued_behind_charged_service_moves_up_when_one_ahead_leaves()
 }
 
 #[test]
+fn charges_to_ever_new_priorities_remember_a_bounded_number_of_bands() {
+    // Nothing is ever held, so nothing else forgets: a client sending a new
+    // priority value on every request must not grow the queue without bound.
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let req = |priority| Request {
+        priority,
+        tenant: "t",
+        fair_weight: Some(1),
+        tokens: 100,
+    };
+    for p in 0..(MAX_REMEMBERED_BANDS as i64 * 4) {
+        q.charge(req(p), T0);
+    }
+    assert_eq!(q.bands.len(), MAX_REMEMBERED_BANDS);
+    // A band already remembered is still charged; a held request always gets
+    // its band.
+    q.charge(req(0), T0);
+    held(q.enqueue(req(-1), T0));
+    assert_eq!(q.bands.len(), MAX_REMEMBERED_BANDS + 1);
+    // Once the remembered lanes age out, a new band is remembered again
+    // (the idle ones forgotten on the way).
+    let later = T0.plus(FAIRNESS_MEMORY);
+    q.charge(req(-2), later);
+    assert_eq!(q.bands.len(), 2, "the held request's band and the new one");
+}
+
+#[test]
 fn a_tenant_that_emptied_its_lane_keeps_what_it_was_served() {
     let mut q = FlowQueue::new(limits(1000, 60_000));
     // "busy" alone: three held and released, the queue empties.
