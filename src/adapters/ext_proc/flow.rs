@@ -428,13 +428,14 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
 /// Fleet sync: a peer's route is charged to its tenant's lane in the model's
 /// queue, as a request this sidecar passed straight to a replica is, so a tenant
 /// the peers serve waits behind the others here too. Nothing for a tenant whose
-/// policy has flow control off (its requests never queue).
+/// policy has flow control off (its requests never queue), nor for a scope this
+/// sidecar does not know (no state for names it never serves).
 impl FleetShares for FlowGate {
     fn peer_served(&self, scope: ScopeRef<'_>, priority: i64, prompt_tokens: u64, now: Timestamp) {
         let snapshot = self.router.snapshot();
         let tenant = snapshot.tenant(scope.tenant);
         let fc = tenant.policy.flow_control;
-        if !fc.enabled || !scope.is_well_formed() {
+        if !fc.enabled || !scope.is_well_formed() || self.router.index().scope(scope).is_none() {
             return;
         }
         let request = Request {

@@ -737,6 +737,23 @@ fn a_tenant_the_fleets_peers_served_queues_behind_one_they_did_not() {
 }
 
 #[test]
+fn a_peer_route_of_a_model_this_sidecar_does_not_serve_leaves_no_state() {
+    let (router, gate) = fair_gate(&[("busy", Some(1))]);
+    assert!(router.join_fleet("me", Arc::new(Nowhere)));
+    router.share_fleet_service(Arc::downgrade(&gate) as std::sync::Weak<_>);
+    let now = Timestamp::now();
+    let mut msg = peer_route(1, "busy", 64);
+    if let crate::core::load::peer_ledger::Fact::Routed { scope, .. } = &mut msg.fact {
+        scope.model = "unknown".into();
+    }
+    assert!(router.apply_peer(msg, now).is_some());
+    assert!(gate.queues.lock().is_empty());
+    // A route of the model it serves is remembered.
+    assert!(router.apply_peer(peer_route(2, "busy", 64), now).is_some());
+    assert_eq!(gate.queues.lock().len(), 1);
+}
+
+#[test]
 fn a_request_for_a_model_no_backend_declares_passes_and_leaves_no_state() {
     let (_router, gate) = fair_gate(&[("busy", Some(1))]);
     let now = Timestamp::now();
