@@ -193,7 +193,9 @@ impl Router {
             });
             let work = RouteWork {
                 uncached_tokens: inflight.uncached_tokens(),
-                prompt_tokens: requested,
+                // At least 1, as flow control costs a request here (0 on the
+                // wire means a publisher that does not say).
+                prompt_tokens: requested.max(1),
                 priority: req.priority,
             };
             inflight.share(fleet.share(scope, &replica, work, pending));
