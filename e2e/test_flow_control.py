@@ -2,7 +2,8 @@
 full queue, a request is held (longer than Envoy's own message timeout, which the
 sidecar extends for it) and released to the replica that frees; a full queue
 sheds at once and a held request past maxQueueWait is shed, both with 429 and
-retry-after."""
+retry-after; a held request whose client goes away leaves the queue at once; a
+higher priority held later is released first."""
 
 import concurrent.futures
 import shutil
@@ -144,3 +145,56 @@ def test_a_full_queue_and_a_long_wait_are_shed_with_429(shedding_stack):
     assert r.status_code == 200
     assert r.text == "replica-a"
     assert "x-inferencecache-queued-ms" not in r.headers
+
+
+def test_a_held_request_whose_client_goes_away_leaves_the_queue_at_once(held_stack):
+    s = held_stack
+    s.saturate()
+    # The client gives up after a second; maxQueueWait is 25 s.
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.get(s.envoy.url + "/v1/completions", headers=chain_headers(chain()),
+                     timeout=(5, 1))
+    wait_until(lambda: s.metric(HELD) == 0, timeout=10, what="the request gone from the queue")
+    # It left: neither released nor shed.
+    assert s.metric("inferencecache_flow_queue_wait_seconds_count") == 0
+    for reason in ("queue-full", "queue-timeout", "expected-timeout", "priority"):
+        assert s.metric(f'inferencecache_flow_shed_total{{reason="{reason}"}}') == 0, reason
+    # The queue still works: the next request is held and released.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        reply = pool.submit(s.get, chain_headers(chain()))
+        wait_until(lambda: s.metric(HELD) == 1, timeout=20, what="the next request held")
+        s.report("replica-c", 0)
+        r = reply.result(timeout=40)
+    assert r.status_code == 200, (r.status_code, r.text)
+    assert r.text == "replica-c"
+
+
+def test_a_higher_priority_held_later_is_released_first(held_stack):
+    s = held_stack
+    # replica-c holds the first blocks of both prompts: released, each goes
+    # there with the rest of its prefill to do, and fills it again.
+    low, high = chain(), chain()
+    for hashes in (low, high):
+        hold(s, "replica-c", hashes[:2])
+    s.saturate()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(s.get, chain_headers(low))
+        wait_until(lambda: s.metric(HELD) == 1, timeout=20, what="priority 0 held")
+        second = pool.submit(s.get, dict(chain_headers(high),
+                                          **{"x-inferencecache-priority": "5"}))
+        wait_until(lambda: s.metric('inferencecache_flow_queued_requests{priority="5"}') == 1,
+                   timeout=20, what="priority 5 held")
+        # Room for one request at replica-c: 7 waiting + the one released.
+        s.report("replica-c", 7)
+        done, _ = concurrent.futures.wait([first, second], timeout=40,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        assert done == {second}, "priority 0 was released first"
+        assert s.metric(HELD) == 1
+        r = second.result()
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert r.text == "replica-c"
+        # The engine took it: the lower priority goes next.
+        s.report("replica-c", 0)
+        r = first.result(timeout=40)
+    assert r.status_code == 200, (r.status_code, r.text)
+    assert r.text == "replica-c"

@@ -25,6 +25,14 @@ pub mod saturation;
 use crate::scope::ScopeRef;
 use crate::time::Timestamp;
 
+/// A request's cost under fair queuing: its prompt tokens, the larger of its
+/// chain's token counts and its prefix token count, at least 1. What the
+/// ext_proc path costs a request and what its route tells the fleet's peers.
+pub fn prompt_tokens(block_token_counts: &[u32], prefix_tokens: u32) -> u64 {
+    let chain: u64 = block_token_counts.iter().map(|&c| u64::from(c)).sum();
+    chain.max(u64::from(prefix_tokens)).max(1)
+}
+
 /// Fleet sync's share of flow control: every route a peer sidecar publishes is
 /// charged to its tenant here as if this sidecar had served it, so tenant shares
 /// are the fleet's, not one sidecar's (the adapter's queues implement it; the

@@ -21,7 +21,7 @@ use super::index::{
 };
 use super::load::Inflight;
 use super::load::RouteFacts;
-use super::load::peer_ledger::{Fact, MAX_SHARED_PENDING, Message, Outcome};
+use super::load::peer_ledger::{Fact, MAX_SHARED_PENDING, Message, Outcome, Rejection};
 use super::peers::{Fleet, RouteWork};
 use super::policy::EvictionAlgorithm;
 use super::scope::{PROBE_TENANT, ScopeKey, ScopeRef};
@@ -193,9 +193,12 @@ impl Router {
             });
             let work = RouteWork {
                 uncached_tokens: inflight.uncached_tokens(),
-                // At least 1, as flow control costs a request here (0 on the
-                // wire means a publisher that does not say).
-                prompt_tokens: requested.max(1),
+                // As flow control costs it here (at least 1; 0 on the wire
+                // means a publisher that does not say).
+                prompt_tokens: crate::flow::prompt_tokens(
+                    req.block_token_counts,
+                    req.prefix_token_count,
+                ),
                 priority: req.priority,
             };
             inflight.share(fleet.share(scope, &replica, work, pending));
@@ -280,7 +283,12 @@ impl Router {
         };
         let outcome = fleet.apply(&self.index, msg, now);
         let applied = matches!(outcome, Outcome::Applied | Outcome::AppliedAfterGap);
-        if let (Some(shares), Some((scope, priority, tokens)), true) = (shares, served, applied) {
+        // A route the ledger had no room for (the peer's in-flight bound) was
+        // still served: it counts in the tenant's share all the same.
+        let served_anyway = matches!(outcome, Outcome::Rejected(Rejection::Full));
+        if let (Some(shares), Some((scope, priority, tokens))) = (shares, served)
+            && (applied || served_anyway)
+        {
             shares.peer_served(scope.as_ref(), priority, tokens, now);
         }
         if let (Some((scope, replica, chain)), true) = (pending, applied) {

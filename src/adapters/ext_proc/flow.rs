@@ -493,12 +493,7 @@ fn forget_idle(queues: &mut HashMap<String, ModelQueue>, now: Timestamp) {
 /// A request's cost under fair queuing: its prompt tokens as its headers (or
 /// body) give them, at least 1.
 fn request_tokens(fields: &RoutingFields) -> u64 {
-    let chain: u64 = fields
-        .block_token_counts
-        .iter()
-        .map(|&c| u64::from(c))
-        .sum();
-    chain.max(u64::from(fields.prefix_tokens)).max(1)
+    crate::core::flow::prompt_tokens(&fields.block_token_counts, fields.prefix_tokens)
 }
 
 #[cfg(test)]

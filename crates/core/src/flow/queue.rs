@@ -52,11 +52,12 @@ pub const FAIRNESS_MEMORY: Duration = Duration::from_secs(10);
 /// releases fewer).
 pub const MIN_RELEASES_TO_FORESEE: usize = 8;
 
-/// The most priority bands a queue remembers beside those holding requests.
-/// Charges alone create bands (a band per priority value clients send, and
-/// peers' routes), and without anything held nothing else forgets them: past
-/// this, a charge to a new band first forgets the idle lanes (at most every
-/// [`PRUNE_INTERVAL`]) and, still full, is not remembered.
+/// The most priority bands a queue keeps for charges, counting those holding
+/// requests (a held request always gets its band). Charges alone create bands
+/// (a band per priority value clients send, and peers' routes), and without
+/// anything held nothing else forgets them: at this many, a charge to a new
+/// band first forgets the idle lanes (at most every [`PRUNE_INTERVAL`]) and,
+/// still at it, is not remembered.
 pub const MAX_REMEMBERED_BANDS: usize = 1024;
 
 /// How often a charge at [`MAX_REMEMBERED_BANDS`] may forget idle lanes.
@@ -154,9 +155,9 @@ struct Entry {
     enqueued_at: Timestamp,
     finish: u128,
     start: u128,
-    /// It started where its lane's service ended (the lane was backlogged or
-    /// ahead of the clock), not at the band clock: removing an earlier request
-    /// moves it up.
+    /// It started where its lane's service ended (the lane held requests and
+    /// was not behind the band clock), not at the clock: removing an earlier
+    /// request moves it up.
     chained: bool,
 }
 
@@ -164,8 +165,9 @@ struct Entry {
 struct Lane {
     entries: VecDeque<Entry>,
     last_finish: u128,
-    /// When `last_finish` last moved or the lane last emptied: an empty lane's
-    /// lead over the band clock fades from then.
+    /// When a charge last moved `last_finish` or a release last emptied the
+    /// lane (a refund leaves it as it was): an empty lane's lead over the band
+    /// clock fades from then.
     touched: Timestamp,
 }
 

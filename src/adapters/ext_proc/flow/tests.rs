@@ -74,9 +74,21 @@ fn mk_router(
     policy: ResolvedPolicy,
 ) -> Arc<Router> {
     let policy = Arc::new(policy);
+    let tenants: Vec<_> = tenants
+        .iter()
+        .map(|&(t, w)| (t, w, policy.clone()))
+        .collect();
+    mk_router_of(&tenants, replicas)
+}
+
+/// [`mk_router`] with a policy per tenant.
+fn mk_router_of(
+    tenants: &[(&str, Option<u32>, Arc<ResolvedPolicy>)],
+    replicas: &[(&str, &str)],
+) -> Arc<Router> {
     let namespaces = tenants
         .iter()
-        .map(|(t, w)| NamespacePolicy {
+        .map(|(t, w, policy)| NamespacePolicy {
             namespace: format!("ns-{t}"),
             tenant_id: Some((*t).into()),
             policy_name: Some("p".into()),
@@ -85,11 +97,14 @@ fn mk_router(
             fair_weight: *w,
         })
         .collect();
-    let backends = tenants.iter().map(|(t, _)| backend(t, replicas)).collect();
+    let backends = tenants
+        .iter()
+        .map(|(t, _, _)| backend(t, replicas))
+        .collect();
     let snapshot = PolicySnapshot::new(ResolvedPolicy::default(), namespaces, backends);
     let now = Timestamp::now();
     let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
-    for (t, _) in tenants {
+    for (t, _, _) in tenants {
         let events = [IndexEvent::Stored {
             parent: None,
             hashes: CHAIN.to_vec(),
@@ -729,11 +744,37 @@ fn a_tenant_the_fleets_peers_served_queues_behind_one_they_did_not() {
         order_after_peer_routes("busy", 0),
         ["busy", "quiet", "busy", "quiet"]
     );
-    // Nor does a tenant whose policy has no flow control: no lane moves.
-    assert_eq!(
-        order_after_peer_routes("other", 64),
-        ["busy", "quiet", "busy", "quiet"]
+}
+
+#[test]
+fn a_peer_route_of_a_tenant_without_flow_control_is_not_charged() {
+    // "plain" is served by the same replicas under a policy with flow control
+    // off: its requests never queue, and its peers' routes leave no state.
+    let flow = Arc::new(flow_policy(64, Duration::from_secs(30)));
+    let router = mk_router_of(
+        &[
+            ("busy", Some(1), flow),
+            ("plain", None, Arc::new(ResolvedPolicy::default())),
+        ],
+        &THREE[..1],
     );
+    assert!(router.join_fleet("me", Arc::new(Nowhere)));
+    let svc = mk_service(router.clone(), Thresholds::default());
+    let now = Timestamp::now();
+    let applied = router.apply_peer(peer_route(1, "plain", 64), now);
+    assert_eq!(
+        applied,
+        Some(crate::core::load::peer_ledger::Outcome::Applied)
+    );
+    assert!(svc.flow.queues.lock().is_empty());
+    // Its flow-controlled neighbour's route is charged (the model's queue now
+    // remembers it).
+    let applied = router.apply_peer(peer_route(2, "busy", 64), now);
+    assert_eq!(
+        applied,
+        Some(crate::core::load::peer_ledger::Outcome::Applied)
+    );
+    assert_eq!(svc.flow.queues.lock().len(), 1);
 }
 
 #[test]
@@ -746,10 +787,11 @@ fn a_peer_route_of_a_model_this_sidecar_does_not_serve_leaves_no_state() {
     if let crate::core::load::peer_ledger::Fact::Routed { scope, .. } = &mut msg.fact {
         scope.model = "unknown".into();
     }
-    assert!(router.apply_peer(msg, now).is_some());
+    let applied = Some(crate::core::load::peer_ledger::Outcome::Applied);
+    assert_eq!(router.apply_peer(msg, now), applied);
     assert!(gate.queues.lock().is_empty());
     // A route of the model it serves is remembered.
-    assert!(router.apply_peer(peer_route(2, "busy", 64), now).is_some());
+    assert_eq!(router.apply_peer(peer_route(2, "busy", 64), now), applied);
     assert_eq!(gate.queues.lock().len(), 1);
 }
 
