@@ -173,10 +173,25 @@ class Upstream:
         self.server.server_close()
 
 
-def policy_yaml(upstreams, affinity="Enabled") -> str:
+def backend_yaml(upstreams, namespace) -> str:
+    """The CacheBackend `llama` of `namespace`, served by every upstream."""
     endpoints = "\n".join(
         f"    - id: {u.replica_id}\n      address: {u.address}" for u in upstreams
     )
+    return f"""apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {{name: llama, namespace: {namespace}}}
+spec:
+  engine: vLLM
+  modelID: {MODEL}
+  hashScheme: {SCHEME}
+  blockSize: 16
+  endpoints:
+{endpoints}
+"""
+
+
+def policy_yaml(upstreams, affinity="Enabled") -> str:
     return f"""apiVersion: inferencecache.io/v1alpha1
 kind: CacheTenant
 metadata: {{name: acme, namespace: team-a}}
@@ -189,17 +204,7 @@ metadata: {{name: default, namespace: team-a}}
 spec:
   affinityRouting: {affinity}
 ---
-apiVersion: inferencecache.io/v1alpha1
-kind: CacheBackend
-metadata: {{name: llama, namespace: team-a}}
-spec:
-  engine: vLLM
-  modelID: {MODEL}
-  hashScheme: {SCHEME}
-  blockSize: 16
-  endpoints:
-{endpoints}
-"""
+{backend_yaml(upstreams, "team-a")}"""
 
 
 def wait_until(check, timeout=15.0, what="condition"):

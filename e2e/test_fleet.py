@@ -18,7 +18,8 @@ import pytest
 import requests
 
 import cachewire
-from conftest import MODEL, REPLICAS, SCHEME, TENANT, Envoy, Sidecar, Upstream, wait_until
+from conftest import (MODEL, REPLICAS, SCHEME, TENANT, Envoy, Sidecar, Upstream,
+                      backend_yaml, wait_until)
 from natsserver import NatsServer, nats_server_binary, publish
 from test_routing import chain, chain_headers
 
@@ -111,8 +112,6 @@ FAIR_TENANTS = ("busy", "quiet")
 def _fair_policy(upstreams) -> str:
     """Tenants busy and quiet, each in its own namespace in Fairness mode (weight
     1) with flow control on, both served by every upstream."""
-    endpoints = "\n".join(
-        f"    - id: {u.replica_id}\n      address: {u.address}" for u in upstreams)
     docs = []
     for tenant in FAIR_TENANTS:
         docs.append(f"""apiVersion: inferencecache.io/v1alpha1
@@ -130,17 +129,7 @@ spec:
   loadBalancing: {{statsMaxAge: 120s}}
   flowControl: {{enabled: true, maxQueueWait: 25s, maxQueuedRequests: 8}}
 ---
-apiVersion: inferencecache.io/v1alpha1
-kind: CacheBackend
-metadata: {{name: llama, namespace: {tenant}}}
-spec:
-  engine: vLLM
-  modelID: {MODEL}
-  hashScheme: {SCHEME}
-  blockSize: 16
-  endpoints:
-{endpoints}
-""")
+{backend_yaml(upstreams, tenant)}""")
     return "---\n".join(docs)
 
 
