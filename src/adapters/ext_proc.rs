@@ -302,6 +302,7 @@ impl ExtProc {
             parsed,
             subset,
             body_miss: None,
+            room: &[],
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         out.push(self.decide(&input, stream, !fdx, Placement::Headers));
@@ -501,6 +502,7 @@ impl ExtProc {
             parsed: &body_parsed,
             subset: subset.as_deref(),
             body_miss: body_miss.as_ref(),
+            room: &[],
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         if !fdx {
@@ -533,11 +535,16 @@ impl ExtProc {
         may_skip_response: bool,
         placement: Placement,
     ) -> ProcessingResponse {
+        let room = std::mem::take(&mut stream.room);
+        let input = verdict::Input {
+            room: &room,
+            ..*input
+        };
         let (mut verdict, inflight) = Verdict::decide_input(
             &self.router,
             &self.metrics,
             &self.config,
-            input,
+            &input,
             Timestamp::now(),
         );
         if let Some(waited) = stream.queued.take() {
@@ -676,6 +683,9 @@ struct StreamState {
     parked: Option<Parked>,
     /// How long flow control held the request (`x-inferencecache-queued-ms`).
     queued: Option<Duration>,
+    /// The replicas with room when flow control released the request: the
+    /// decision picks among them (empty: no restriction).
+    room: Vec<String>,
     /// Messages that came while the request was held, answered after it.
     stash: VecDeque<ProcessingRequest>,
     /// Counts the stream for the drain and the gauge until it ends.
@@ -804,8 +814,13 @@ impl ExtProc {
                 st.closed = true;
                 return Some(());
             }
-            Some(flow::Outcome::Released { waited, transit }) => {
+            Some(flow::Outcome::Released {
+                waited,
+                transit,
+                room,
+            }) => {
                 st.queued = Some(waited);
+                st.room = room;
                 Some(transit)
             }
             None => None,
