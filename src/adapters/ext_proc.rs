@@ -302,7 +302,6 @@ impl ExtProc {
             parsed,
             subset,
             body_miss: None,
-            room: &[],
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         out.push(self.decide(&input, stream, !fdx, Placement::Headers));
@@ -502,7 +501,6 @@ impl ExtProc {
             parsed: &body_parsed,
             subset: subset.as_deref(),
             body_miss: body_miss.as_ref(),
-            room: &[],
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         if !fdx {
@@ -535,16 +533,11 @@ impl ExtProc {
         may_skip_response: bool,
         placement: Placement,
     ) -> ProcessingResponse {
-        let room = std::mem::take(&mut stream.room);
-        let input = verdict::Input {
-            room: &room,
-            ..*input
-        };
         let (mut verdict, inflight) = Verdict::decide_input(
             &self.router,
             &self.metrics,
             &self.config,
-            &input,
+            input,
             Timestamp::now(),
         );
         if let Some(waited) = stream.queued.take() {
@@ -683,9 +676,6 @@ struct StreamState {
     parked: Option<Parked>,
     /// How long flow control held the request (`x-inferencecache-queued-ms`).
     queued: Option<Duration>,
-    /// The replicas with room when flow control released the request: the
-    /// decision picks among them (empty: no restriction).
-    room: Vec<String>,
     /// Messages that came while the request was held, answered after it.
     stash: VecDeque<ProcessingRequest>,
     /// Counts the stream for the drain and the gauge until it ends.
@@ -814,13 +804,8 @@ impl ExtProc {
                 st.closed = true;
                 return Some(());
             }
-            Some(flow::Outcome::Released {
-                waited,
-                transit,
-                room,
-            }) => {
+            Some(flow::Outcome::Released { waited, transit }) => {
                 st.queued = Some(waited);
-                st.room = room;
                 Some(transit)
             }
             None => None,

@@ -468,19 +468,6 @@ impl Router {
         candidates: &[String],
         now: Timestamp,
     ) -> Vec<Pressure> {
-        self.replica_pressures(scope, candidates, now)
-            .into_iter()
-            .map(|(_, p)| p)
-            .collect()
-    }
-
-    /// [`Self::pressures`] with each replica's id: which replicas have room.
-    pub fn replica_pressures(
-        &self,
-        scope: ScopeRef<'_>,
-        candidates: &[String],
-        now: Timestamp,
-    ) -> Vec<(Arc<str>, Pressure)> {
         let Some(s) = self.index.scope(scope) else {
             return Vec::new();
         };
@@ -523,7 +510,7 @@ impl Router {
                     .and_then(|e| elsewhere.get(e))
                     .copied()
                     .unwrap_or_default();
-                let pressure = Pressure {
+                Pressure {
                     engine_waiting: load.engine_waiting(now_ns, max_age),
                     sent_since_report: if fresh {
                         load.prefilling_since_report() + other.since_report
@@ -532,8 +519,7 @@ impl Router {
                     },
                     kv_usage,
                     backlog_tokens: load.inflight_tokens() + other.backlog_tokens,
-                };
-                (r.id.clone(), pressure)
+                }
             })
             .collect()
     }

@@ -21,9 +21,7 @@
 //! saturation, and releases go one at a time: the next waits until the one
 //! released has been decided and counted in flight where it went, so a freed
 //! replica is not handed a burst. The decision runs at release (late binding):
-//! the request goes to the cache-aware pick of that moment among the replicas
-//! that have room, never to one still saturated (the room that released it is
-//! the room it takes).
+//! the request goes to the cache-aware pick of that moment.
 //!
 //! A held request whose stream ends (the client went away) leaves the queue when
 //! its [`Pending`] drops. Limits come from the policy of the request's tenant:
@@ -39,7 +37,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::adapters::metrics::flow::FlowMetrics;
 use crate::core::Router;
-use crate::core::flow::saturation::{Pressure, Thresholds, all_saturated};
+use crate::core::flow::saturation::{Thresholds, all_saturated};
 use crate::core::flow::{
     Admission, FleetShares, FlowQueue, QueueLimits, Request, ShedReason, Ticket,
 };
@@ -78,15 +76,10 @@ pub struct Shed {
 
 /// What became of a held request.
 pub enum Outcome {
-    /// A replica freed: decide now among `room`, then drop the [`Transit`].
+    /// A replica freed: decide now, then drop the [`Transit`].
     Released {
         waited: Duration,
         transit: Transit,
-        /// The replica ids that had room at release: the decision picks among
-        /// them, so a released request does not join the queue of a replica
-        /// still saturated. Empty: no restriction (the scope serves nothing
-        /// now, and the decision gives its own answer).
-        room: Vec<String>,
     },
     Shed(Shed),
 }
@@ -337,13 +330,12 @@ impl FlowGate {
                     .policy
                     .flow_control
                     .max_backlog_tokens;
-                let room = match room_in(
-                    self.router.replica_pressures(scope, &w.candidates, now),
+                if all_saturated(
+                    self.router.pressures(scope, &w.candidates, now),
                     &self.thresholds.with_backlog(backlog),
                 ) {
-                    Some(room) => room,
-                    None => break,
-                };
+                    break;
+                }
                 let Some(released) = mq.queue.release(now) else {
                     break;
                 };
@@ -358,7 +350,6 @@ impl FlowGate {
                 let sent = w.tx.send(Outcome::Released {
                     waited: released.waited,
                     transit,
-                    room,
                 });
                 match sent {
                     Ok(()) => self.metrics.record_released(released.waited),
@@ -458,19 +449,6 @@ impl FleetShares for FlowGate {
             mq.queue.charge(request, now);
         }
     }
-}
-
-/// The replicas below saturation, as ids; `None` when every one is saturated.
-/// No replica at all is not saturation: `Some` of nothing, which restricts
-/// nothing.
-fn room_in(replicas: Vec<(Arc<str>, Pressure)>, t: &Thresholds) -> Option<Vec<String>> {
-    let total = replicas.len();
-    let room: Vec<String> = replicas
-        .into_iter()
-        .filter(|(_, p)| !p.is_saturated(t))
-        .map(|(id, _)| id.to_string())
-        .collect();
-    (!room.is_empty() || total == 0).then_some(room)
 }
 
 /// The model's queue, made when it has none (after dropping the idle ones, so

@@ -146,7 +146,6 @@ impl Verdict {
             parsed,
             subset: None,
             body_miss: None,
-            room: &[],
         };
         Self::decide_input(router, metrics, config, &input, now)
     }
@@ -181,12 +180,7 @@ impl Verdict {
                 None,
             );
         }
-        // Flow control's room is computed within the subset: it narrows it.
-        let candidates: &[String] = if input.room.is_empty() {
-            candidates.as_deref().unwrap_or(&[])
-        } else {
-            input.room
-        };
+        let candidates: &[String] = candidates.as_deref().unwrap_or(&[]);
         // The detail and the policy revision are only ever echoed to a
         // debugging client: neither is built for anyone else.
         let debugging = parsed.debug && config.debug_headers_allowed;
@@ -400,10 +394,6 @@ pub struct Input<'a> {
     pub subset: Option<&'a [String]>,
     /// Why the body gave no chain (the request is still served).
     pub body_miss: Option<&'a BodyMiss>,
-    /// Released by flow control: the replica ids that had room (within the
-    /// subset) at release, the only ones the pick may be. Empty: no
-    /// restriction.
-    pub room: &'a [String],
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.
