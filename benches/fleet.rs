@@ -136,6 +136,7 @@ fn request_facts(route: u64, seq: u64) -> [Message; 3] {
                 uncached_tokens: TOKENS,
                 prompt_tokens: PROMPT_TOKENS,
                 priority: 0,
+                held: false,
                 pending: Vec::new(),
             },
         ),

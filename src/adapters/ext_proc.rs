@@ -302,6 +302,7 @@ impl ExtProc {
             parsed,
             subset,
             body_miss: None,
+            held: false,
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         out.push(self.decide(&input, stream, !fdx, Placement::Headers));
@@ -501,6 +502,7 @@ impl ExtProc {
             parsed: &body_parsed,
             subset: subset.as_deref(),
             body_miss: body_miss.as_ref(),
+            held: false,
         };
         let fdx = stream.request_body_mode == Some(BodySendMode::FullDuplexStreamed);
         if !fdx {
@@ -533,11 +535,15 @@ impl ExtProc {
         may_skip_response: bool,
         placement: Placement,
     ) -> ProcessingResponse {
+        let input = verdict::Input {
+            held: stream.queued.is_some(),
+            ..*input
+        };
         let (mut verdict, inflight) = Verdict::decide_input(
             &self.router,
             &self.metrics,
             &self.config,
-            input,
+            &input,
             Timestamp::now(),
         );
         if let Some(waited) = stream.queued.take() {

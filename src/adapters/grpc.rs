@@ -240,6 +240,7 @@ pub fn lookup_request(req: &pb::LookupRouteRequest) -> LookupRequest<'_> {
         cache_salt: &req.cache_salt,
         // A LookupRoute is a query: nothing is admitted, no priority applies.
         priority: 0,
+        held: false,
     }
 }
 

@@ -39,11 +39,20 @@ pub fn prompt_tokens(block_token_counts: &[u32], prefix_tokens: u32) -> u64 {
 /// router hands it the peers' routes, [`crate::Router::share_fleet_service`]).
 pub trait FleetShares: Send + Sync {
     /// A peer routed a request of `scope` with `prompt_tokens` (at least 1) at
-    /// `priority`.
-    fn peer_served(&self, scope: ScopeRef<'_>, priority: i64, prompt_tokens: u64, now: Timestamp);
+    /// `priority`; `held`: its flow control held the request first (the peer
+    /// still holds requests of that tenant).
+    fn peer_served(
+        &self,
+        scope: ScopeRef<'_>,
+        priority: i64,
+        prompt_tokens: u64,
+        held: bool,
+        now: Timestamp,
+    );
 }
 
 pub use queue::{
     Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MAX_REMEMBERED_BANDS,
-    MIN_RELEASES_TO_FORESEE, PRUNE_INTERVAL, QueueLimits, Request, ShedReason, Ticket,
+    MIN_RELEASES_TO_FORESEE, PEER_BACKLOG_WINDOW, PRUNE_INTERVAL, QueueLimits, Request, ShedReason,
+    Ticket,
 };

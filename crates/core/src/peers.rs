@@ -34,6 +34,8 @@ pub(crate) struct RouteWork {
     /// flow control charges its tenant.
     pub prompt_tokens: u64,
     pub priority: i64,
+    /// Flow control held the request before it was routed.
+    pub held: bool,
 }
 
 /// This sidecar's place in its fleet.
@@ -83,6 +85,7 @@ impl Fleet {
                 uncached_tokens: work.uncached_tokens,
                 prompt_tokens: work.prompt_tokens,
                 priority: work.priority,
+                held: work.held,
                 pending,
             },
         )

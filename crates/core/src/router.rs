@@ -200,6 +200,7 @@ impl Router {
                     req.prefix_token_count,
                 ),
                 priority: req.priority,
+                held: req.held,
             };
             inflight.share(fleet.share(scope, &replica, work, pending));
         }
@@ -276,9 +277,10 @@ impl Router {
                     scope,
                     prompt_tokens,
                     priority,
+                    held,
                     ..
                 },
-            ) if *prompt_tokens > 0 => Some((scope.clone(), *priority, *prompt_tokens)),
+            ) if *prompt_tokens > 0 => Some((scope.clone(), *priority, *prompt_tokens, *held)),
             _ => None,
         };
         let outcome = fleet.apply(&self.index, msg, now);
@@ -286,10 +288,10 @@ impl Router {
         // A route the ledger had no room for (the peer's in-flight bound) was
         // still served: it counts in the tenant's share all the same.
         let served_anyway = matches!(outcome, Outcome::Rejected(Rejection::Full));
-        if let (Some(shares), Some((scope, priority, tokens))) = (shares, served)
+        if let (Some(shares), Some((scope, priority, tokens, held))) = (shares, served)
             && (applied || served_anyway)
         {
-            shares.peer_served(scope.as_ref(), priority, tokens, now);
+            shares.peer_served(scope.as_ref(), priority, tokens, held, now);
         }
         if let (Some((scope, replica, chain)), true) = (pending, applied) {
             let ttl = self

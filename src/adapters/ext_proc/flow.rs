@@ -324,6 +324,10 @@ impl FlowGate {
                     mq.queue.cancel(head);
                     continue;
                 };
+                if mq.queue.yields_to_peer(now) {
+                    // A peer's tenant is owed the next room.
+                    break;
+                }
                 let scope = ScopeRef::new(&w.tenant, model, &w.hash_scheme);
                 let backlog = snapshot
                     .tenant(&w.tenant)
@@ -427,11 +431,21 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
 
 /// Fleet sync: a peer's route is charged to its tenant's lane in the model's
 /// queue, as a request this sidecar passed straight to a replica is, so a tenant
-/// the peers serve waits behind the others here too. Nothing for a tenant whose
-/// policy has flow control off (its requests never queue), nor for a scope this
-/// sidecar does not know (no state for names it never serves).
+/// the peers serve waits behind the others here too. A route the peer released
+/// from its queue also marks the tenant as held there: this queue yields a
+/// replica's room to it when its turn would come first (the pump is woken, as
+/// the charge may have moved the turn). Nothing for a tenant whose policy has
+/// flow control off (its requests never queue), nor for a scope this sidecar
+/// does not know (no state for names it never serves).
 impl FleetShares for FlowGate {
-    fn peer_served(&self, scope: ScopeRef<'_>, priority: i64, prompt_tokens: u64, now: Timestamp) {
+    fn peer_served(
+        &self,
+        scope: ScopeRef<'_>,
+        priority: i64,
+        prompt_tokens: u64,
+        held: bool,
+        now: Timestamp,
+    ) {
         let snapshot = self.router.snapshot();
         let tenant = snapshot.tenant(scope.tenant);
         let fc = tenant.policy.flow_control;
@@ -446,8 +460,14 @@ impl FleetShares for FlowGate {
         };
         let mut queues = self.queues.lock();
         if let Some(mq) = queue_for(&mut queues, scope.model, limits_of(&fc), now) {
-            mq.queue.charge(request, now);
+            if held {
+                mq.queue.charge_peer_release(request, now);
+            } else {
+                mq.queue.charge(request, now);
+            }
         }
+        drop(queues);
+        self.nudge();
     }
 }
 

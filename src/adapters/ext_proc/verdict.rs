@@ -146,6 +146,7 @@ impl Verdict {
             parsed,
             subset: None,
             body_miss: None,
+            held: false,
         };
         Self::decide_input(router, metrics, config, &input, now)
     }
@@ -209,6 +210,7 @@ impl Verdict {
                     lora_adapter: &f.lora_adapter,
                     cache_salt: &f.cache_salt,
                     priority: parsed.priority,
+                    held: input.held,
                 };
                 let started = Instant::now();
                 let decision = router.lookup(&req, now);
@@ -394,6 +396,8 @@ pub struct Input<'a> {
     pub subset: Option<&'a [String]>,
     /// Why the body gave no chain (the request is still served).
     pub body_miss: Option<&'a BodyMiss>,
+    /// Flow control held the request before this decision.
+    pub held: bool,
 }
 
 /// Every decision header a client might forge; removed unless the verdict sets it.

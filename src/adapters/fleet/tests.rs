@@ -34,6 +34,7 @@ fn routed(route: u64) -> Fact {
         uncached_tokens: 10,
         prompt_tokens: 0,
         priority: 0,
+        held: false,
         pending: Vec::new(),
     }
 }

@@ -19,12 +19,13 @@
 //! Routed   { 1: uint64 route; 2: string tenant; 3: string model;
 //!            4: string hash_scheme; 5: string replica; 6: uint64 uncached_tokens;
 //!            7: repeated fixed64 pending; 8: uint64 prompt_tokens;
-//!            9: sint64 priority }
+//!            9: sint64 priority; 10: bool held }
 //! ```
 //!
-//! Fields 8 and 9 (what the receivers' flow control charges the tenant) came
-//! after the first sidecars of this version: a message without them reads as 0
-//! tokens, which charges nothing.
+//! Fields 8 to 10 (what the receivers' flow control charges the tenant, and
+//! whether the publisher held the request first) came after the first
+//! sidecars of this version: a message without them reads as 0 tokens, which
+//! charges nothing, and as not held.
 //!
 //! A future format keeps field 1 a varint version, so a sidecar reads it before
 //! anything else and reports the message as a foreign version, not as garbage.
@@ -114,6 +115,8 @@ struct Routed {
     prompt_tokens: u64,
     #[prost(sint64, tag = "9")]
     priority: i64,
+    #[prost(bool, tag = "10")]
+    held: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -137,6 +140,7 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             uncached_tokens,
             prompt_tokens,
             priority,
+            held,
             pending,
         } => WireFact::Routed(Routed {
             route: *route,
@@ -148,6 +152,7 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             pending: pending.clone(),
             prompt_tokens: *prompt_tokens,
             priority: *priority,
+            held: *held,
         }),
         Fact::PrefillEnded { route } => WireFact::PrefillEnded(*route),
         Fact::Released { route } => WireFact::Released(*route),
@@ -191,6 +196,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Refusal> {
                 uncached_tokens: r.uncached_tokens,
                 prompt_tokens: r.prompt_tokens,
                 priority: r.priority,
+                held: r.held,
                 pending: r.pending,
             }
         }

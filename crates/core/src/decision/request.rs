@@ -24,6 +24,10 @@ pub struct LookupRequest<'a> {
     /// The decision ignores it; an admitted route carries it to the fleet's
     /// peers, whose flow control charges the tenant in that priority.
     pub priority: i64,
+    /// Flow control held the request before this decision (it was released
+    /// from a queue). The decision ignores it; an admitted route tells the
+    /// peers, whose queues then leave room for the tenant's next request.
+    pub held: bool,
 }
 
 /// The chain after step 1, and what steps 2–4 need to know about it.

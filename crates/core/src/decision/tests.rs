@@ -404,6 +404,7 @@ impl Req {
             lora_adapter: self.lora,
             cache_salt: self.salt,
             priority: 0,
+            held: false,
         }
     }
 }

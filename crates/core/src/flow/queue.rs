@@ -63,6 +63,12 @@ pub const MAX_REMEMBERED_BANDS: usize = 1024;
 /// How often a charge at [`MAX_REMEMBERED_BANDS`] may forget idle lanes.
 pub const PRUNE_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How long a request a peer sidecar released from its queue marks its tenant
+/// as still held there ([`FlowQueue::charge_peer_release`]): a few of a
+/// saturated fleet's release intervals. It is also the longest a queue yields
+/// a replica's room to a peer's tenant that has stopped releasing.
+pub const PEER_BACKLOG_WINDOW: Duration = Duration::from_millis(50);
+
 /// The queue's bounds, from the policy's `spec.flowControl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueLimits {
@@ -169,6 +175,11 @@ struct Lane {
     /// lane (a refund leaves it as it was): an empty lane's lead over the band
     /// clock fades from then.
     touched: Timestamp,
+    /// Until when a peer sidecar holds requests of this tenant (it released
+    /// one from its queue within [`PEER_BACKLOG_WINDOW`]), and that request's
+    /// cost: the lane's next request there, as this queue sees it.
+    peer_backlog_until: Timestamp,
+    peer_cost: u128,
 }
 
 impl Lane {
@@ -339,18 +350,39 @@ impl FlowQueue {
     /// tags, its next one starts after the charge. The band clock does not
     /// move: it follows what the queue releases.
     pub fn charge(&mut self, req: Request<'_>, now: Timestamp) {
+        self.charge_lane(&req, now);
+    }
+
+    /// [`Self::charge`] for a request a peer sidecar released from its own
+    /// queue: its tenant is taken to hold more there for
+    /// [`PEER_BACKLOG_WINDOW`]. While this queue holds none of that tenant's
+    /// requests in the band, it stands in as a lane whose next request costs
+    /// the same, and [`Self::release`] yields to it when its turn comes first:
+    /// the replica's room is left to the peer, which releases that tenant's
+    /// next request, so the fleet's queues together serve their tenants by
+    /// weight instead of each serving whatever it alone holds.
+    pub fn charge_peer_release(&mut self, req: Request<'_>, now: Timestamp) {
+        let cost = req.cost();
+        if let Some(lane) = self.charge_lane(&req, now) {
+            lane.peer_backlog_until = now.plus(PEER_BACKLOG_WINDOW);
+            lane.peer_cost = cost;
+        }
+    }
+
+    fn charge_lane(&mut self, req: &Request<'_>, now: Timestamp) -> Option<&mut Lane> {
         let key = Reverse(req.priority);
         if !self.bands.contains_key(&key) && self.bands.len() >= MAX_REMEMBERED_BANDS {
             if now.since(self.pruned_at) >= PRUNE_INTERVAL {
                 self.prune(now);
             }
             if self.bands.len() >= MAX_REMEMBERED_BANDS {
-                return;
+                return None;
             }
         }
         let band = self.bands.entry(key).or_default();
         let lane = band.lanes.entry(req.lane_key()).or_default();
         lane.charge(band.clock, req.cost(), now);
+        Some(lane)
     }
 
     /// Forgets the empty lanes untouched for [`FAIRNESS_MEMORY`], and the bands
@@ -515,9 +547,36 @@ impl FlowQueue {
             .map(|(_, ticket)| ticket)
     }
 
+    /// Whether the next release is a peer's: in the highest band holding
+    /// requests, a tenant that a peer sidecar holds and this queue does not
+    /// ([`Self::charge_peer_release`]) would finish its next request before
+    /// this queue's head.
+    pub fn yields_to_peer(&self, now: Timestamp) -> bool {
+        let Some((_, band)) = self.top_band() else {
+            return false;
+        };
+        let Some(head) = band
+            .lanes
+            .values()
+            .filter_map(|lane| lane.entries.front().map(|e| e.finish))
+            .min()
+        else {
+            return false;
+        };
+        band.lanes.values().any(|lane| {
+            lane.entries.is_empty()
+                && lane.peer_backlog_until > now
+                && lane.next_start(band.clock, now) + lane.peer_cost.max(1) < head
+        })
+    }
+
     /// The next request to release to a replica: highest band, then the smallest
-    /// finish tag among its lanes' heads (arrival order breaks ties).
+    /// finish tag among its lanes' heads (arrival order breaks ties). `None`
+    /// when nothing is held or the queue [yields](Self::yields_to_peer).
     pub fn release(&mut self, now: Timestamp) -> Option<Held> {
+        if self.yields_to_peer(now) {
+            return None;
+        }
         let (&Reverse(priority), band) = self.bands.iter_mut().find(|(_, b)| b.len > 0)?;
         let (key, _) = band
             .lanes

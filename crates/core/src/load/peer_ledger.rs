@@ -56,6 +56,9 @@ pub enum Fact {
         /// not say, charged nothing).
         prompt_tokens: u64,
         priority: i64,
+        /// The publisher's flow control held it first: the publisher still
+        /// holds requests of the tenant, as far as the receivers know.
+        held: bool,
         /// The chain the publisher recorded as pending for the replica (its
         /// first [`MAX_SHARED_PENDING`] blocks; empty when its policy keeps no
         /// pending entries): the receivers record it too.

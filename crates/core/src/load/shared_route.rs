@@ -102,6 +102,7 @@ mod tests {
             uncached_tokens: tokens,
             prompt_tokens: 0,
             priority: 0,
+            held: false,
             pending: Vec::new(),
         }
     }

@@ -686,6 +686,7 @@ fn peer_route(
     seq: u64,
     tenant: &str,
     prompt_tokens: u64,
+    held: bool,
 ) -> crate::core::load::peer_ledger::Message {
     crate::core::load::peer_ledger::Message {
         peer: "peer".into(),
@@ -698,6 +699,7 @@ fn peer_route(
             uncached_tokens: 0,
             prompt_tokens,
             priority: 0,
+            held,
             pending: Vec::new(),
         },
     }
@@ -717,7 +719,7 @@ fn order_after_peer_routes(tenant: &str, prompt_tokens: u64) -> Vec<&'static str
     let svc = mk_service(router.clone(), Thresholds::default());
     let now = Timestamp::now();
     for seq in 1..=3 {
-        let applied = router.apply_peer(peer_route(seq, tenant, prompt_tokens), now);
+        let applied = router.apply_peer(peer_route(seq, tenant, prompt_tokens, false), now);
         assert_eq!(
             applied,
             Some(crate::core::load::peer_ledger::Outcome::Applied)
@@ -746,6 +748,88 @@ fn a_tenant_the_fleets_peers_served_queues_behind_one_they_did_not() {
     );
 }
 
+/// The facts this sidecar publishes to its fleet, kept.
+#[derive(Debug, Default)]
+struct Published(parking_lot::Mutex<Vec<crate::core::load::peer_ledger::Fact>>);
+
+impl crate::core::load::RouteFacts for Published {
+    fn publish(&self, fact: crate::core::load::peer_ledger::Fact) {
+        self.0.lock().push(fact);
+    }
+}
+
+impl Published {
+    /// `held` of each route published so far.
+    fn held(&self) -> Vec<bool> {
+        self.0
+            .lock()
+            .iter()
+            .filter_map(|f| match f {
+                crate::core::load::peer_ledger::Fact::Routed { held, .. } => Some(*held),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_route_released_from_the_queue_tells_the_peers_it_was_held() {
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE[..1],
+        flow_policy(4, Duration::from_secs(30)),
+    );
+    let published = Arc::new(Published::default());
+    assert!(router.join_fleet("me", published.clone()));
+    let svc = mk_service(router, ONE_IN_FLIGHT);
+    let mut busy = Client::open(&svc);
+    busy.send_headers("acme", &[]);
+    assert!(busy.next().await.response.is_some());
+    let mut c = Client::open(&svc);
+    c.send_headers("acme", &[]);
+    until_held(&svc, 1).await;
+    busy.respond();
+    assert!(c.decision().await.response.is_some());
+    assert_eq!(published.held(), [false, true]);
+}
+
+#[test]
+fn a_queue_holding_one_tenant_leaves_room_to_a_peer_holding_one_owed_more() {
+    // "quiet" (weight 1) is held here, "busy" (weight 3) only at a peer. A
+    // route the peer released from its queue makes this sidecar leave r1's
+    // room to it, for one window after the peer's last such release; a
+    // route the peer did not hold is charged but yields nothing.
+    for peer_held in [true, false] {
+        let router = mk_router(
+            &[("busy", Some(3)), ("quiet", Some(1))],
+            &THREE[..1],
+            flow_policy(64, Duration::from_secs(30)),
+        );
+        assert!(router.join_fleet("me", Arc::new(Nowhere)));
+        let svc = mk_service(router.clone(), Thresholds::default());
+        let now = Timestamp::now();
+        report_r1(&router, &["busy", "quiet"], 20);
+        let mut pending = hold_each(&svc.flow, &["quiet"], now);
+        let applied = router.apply_peer(peer_route(1, "busy", 64, peer_held), now);
+        assert_eq!(
+            applied,
+            Some(crate::core::load::peer_ledger::Outcome::Applied)
+        );
+        report_r1(&router, &["busy", "quiet"], 0);
+        svc.flow.pump_once(now);
+        let released = |p: &mut Pending| matches!(p.rx.try_recv(), Ok(Outcome::Released { .. }));
+        if !peer_held {
+            assert!(released(&mut pending[0].1), "work-conserving: released");
+            continue;
+        }
+        assert!(!released(&mut pending[0].1), "the room is the peer's");
+        assert_eq!(svc.flow.held(), 1);
+        svc.flow
+            .pump_once(now.plus(crate::core::flow::PEER_BACKLOG_WINDOW));
+        assert!(released(&mut pending[0].1), "the peer stopped: released");
+    }
+}
+
 #[test]
 fn a_peer_route_of_a_tenant_without_flow_control_is_not_charged() {
     // "plain" is served by the same replicas under a policy with flow control
@@ -761,7 +845,7 @@ fn a_peer_route_of_a_tenant_without_flow_control_is_not_charged() {
     assert!(router.join_fleet("me", Arc::new(Nowhere)));
     let svc = mk_service(router.clone(), Thresholds::default());
     let now = Timestamp::now();
-    let applied = router.apply_peer(peer_route(1, "plain", 64), now);
+    let applied = router.apply_peer(peer_route(1, "plain", 64, false), now);
     assert_eq!(
         applied,
         Some(crate::core::load::peer_ledger::Outcome::Applied)
@@ -769,7 +853,7 @@ fn a_peer_route_of_a_tenant_without_flow_control_is_not_charged() {
     assert!(svc.flow.queues.lock().is_empty());
     // Its flow-controlled neighbour's route is charged (the model's queue now
     // remembers it).
-    let applied = router.apply_peer(peer_route(2, "busy", 64), now);
+    let applied = router.apply_peer(peer_route(2, "busy", 64, false), now);
     assert_eq!(
         applied,
         Some(crate::core::load::peer_ledger::Outcome::Applied)
@@ -783,7 +867,7 @@ fn a_peer_route_of_a_model_this_sidecar_does_not_serve_leaves_no_state() {
     assert!(router.join_fleet("me", Arc::new(Nowhere)));
     router.share_fleet_service(Arc::downgrade(&gate) as std::sync::Weak<_>);
     let now = Timestamp::now();
-    let mut msg = peer_route(1, "busy", 64);
+    let mut msg = peer_route(1, "busy", 64, false);
     if let crate::core::load::peer_ledger::Fact::Routed { scope, .. } = &mut msg.fact {
         scope.model = "unknown".into();
     }
@@ -791,7 +875,10 @@ fn a_peer_route_of_a_model_this_sidecar_does_not_serve_leaves_no_state() {
     assert_eq!(router.apply_peer(msg, now), applied);
     assert!(gate.queues.lock().is_empty());
     // A route of the model it serves is remembered.
-    assert_eq!(router.apply_peer(peer_route(2, "busy", 64), now), applied);
+    assert_eq!(
+        router.apply_peer(peer_route(2, "busy", 64, false), now),
+        applied
+    );
     assert_eq!(gate.queues.lock().len(), 1);
 }
 

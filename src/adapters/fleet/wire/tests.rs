@@ -13,6 +13,7 @@ fn routed() -> Message {
             uncached_tokens: 1536,
             prompt_tokens: 1600,
             priority: -3,
+            held: true,
             pending: Vec::new(),
         },
     }
@@ -107,6 +108,7 @@ fn routed_wire(tenant: &str, model: &str, scheme: &str, replica: &str) -> Option
         pending: Vec::new(),
         prompt_tokens: 0,
         priority: 0,
+        held: false,
     }))
 }
 

@@ -475,6 +475,7 @@ enum Op {
     },
     Release,
     Pass(u8),
+    PeerRelease(u8),
     Cancel(usize),
     Advance(u64),
 }
@@ -493,6 +494,7 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         Just(Op::Release),
         (0u8..3).prop_map(Op::Pass),
+        (0u8..3).prop_map(Op::PeerRelease),
         (0usize..64).prop_map(Op::Cancel),
         (0u64..300).prop_map(Op::Advance),
     ]
@@ -547,9 +549,11 @@ proptest! {
                         prop_assert!(pos.is_some());
                         live.remove(pos.unwrap_or(0));
                     }
-                    (peeked, None) => {
-                        prop_assert!(live.is_empty());
-                        prop_assert_eq!(peeked, None);
+                    (None, None) => prop_assert!(live.is_empty()),
+                    (Some(_), None) => {
+                        // Held, and the next release is a peer's.
+                        prop_assert!(!live.is_empty());
+                        prop_assert!(q.yields_to_peer(now));
                     }
                 },
                 Op::Pass(tenant) => q.charge(
@@ -557,6 +561,15 @@ proptest! {
                         priority: 0,
                         tenant: names[tenant as usize],
                         fair_weight: Some(1),
+                        tokens: 100,
+                    },
+                    now,
+                ),
+                Op::PeerRelease(tenant) => q.charge_peer_release(
+                    Request {
+                        priority: 0,
+                        tenant: names[tenant as usize],
+                        fair_weight: Some(u32::from(tenant) + 1),
                         tokens: 100,
                     },
                     now,
@@ -733,4 +746,92 @@ fn without_a_pace_shown_over_a_whole_wait_nothing_is_shed_on_arrival() {
     for _ in 0..50 {
         held(q.enqueue(fifo(0), now));
     }
+}
+
+/// "light" (weight 1) holds requests here; "heavy" (weight 3) is held only at a
+/// peer sidecar, which releases one of its requests whenever this queue yields.
+/// The order the two are served in across both queues.
+fn served_with_a_peer(events: usize) -> String {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let mut owner = HashMap::new();
+    for _ in 0..events {
+        owner.insert(held(q.enqueue(fair("light", 1), T0)), "light");
+    }
+    q.charge_peer_release(fair("heavy", 3), T0);
+    let mut order = vec!["heavy"];
+    while order.len() < events {
+        match q.release(T0) {
+            Some(h) => order.push(owner[&h.ticket]),
+            None => {
+                assert!(q.yields_to_peer(T0));
+                q.charge_peer_release(fair("heavy", 3), T0);
+                order.push("heavy");
+            }
+        }
+    }
+    order.join(" ")
+}
+
+#[test]
+fn a_queue_yields_to_a_tenant_a_peer_holds_by_its_weight() {
+    // Alone, this queue would release "light" every time; with the peer's
+    // releases charged, the fleet serves "heavy" three of every four.
+    let order = served_with_a_peer(16);
+    assert_eq!(
+        order,
+        "heavy heavy heavy light heavy heavy heavy light heavy heavy heavy light \
+         heavy heavy heavy light"
+    );
+}
+
+#[test]
+fn a_peer_that_stops_releasing_is_yielded_to_for_one_window_at_most() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let light = held(q.enqueue(fair("light", 1), T0));
+    q.charge_peer_release(fair("heavy", 3), T0);
+    assert!(q.yields_to_peer(T0));
+    assert_eq!(q.release(T0), None);
+    let almost = T0.plus(PEER_BACKLOG_WINDOW - Duration::from_millis(1));
+    assert_eq!(q.release(almost), None);
+    let h = q.release(T0.plus(PEER_BACKLOG_WINDOW)).unwrap();
+    assert_eq!(h.ticket, light);
+}
+
+#[test]
+fn a_peer_route_that_was_not_held_is_charged_but_not_yielded_to() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let light = held(q.enqueue(fair("light", 1), T0));
+    q.charge(fair("heavy", 3), T0);
+    assert!(!q.yields_to_peer(T0));
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(light));
+}
+
+#[test]
+fn a_tenant_held_here_too_competes_by_its_own_requests() {
+    // "heavy" is held at the peer and here: its own head here stands for it,
+    // and the queue releases by the heads' tags as always. Once it has none
+    // here, the peer's backlog stands for it again.
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let light = held(q.enqueue(fair("light", 1), T0));
+    q.charge_peer_release(fair("heavy", 3), T0);
+    let heavy = held(q.enqueue(fair("heavy", 3), T0));
+    assert!(!q.yields_to_peer(T0));
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(heavy));
+    assert!(q.yields_to_peer(T0));
+    let later = T0.plus(PEER_BACKLOG_WINDOW);
+    assert_eq!(q.release(later).map(|h| h.ticket), Some(light));
+}
+
+#[test]
+fn a_peer_held_tenant_in_a_lower_band_is_not_yielded_to() {
+    let mut q = FlowQueue::new(limits(1000, 60_000));
+    let light = held(q.enqueue(fair("light", 1), T0));
+    q.charge_peer_release(
+        Request {
+            priority: -1,
+            ..fair("heavy", 3)
+        },
+        T0,
+    );
+    assert_eq!(q.release(T0).map(|h| h.ticket), Some(light));
 }

@@ -25,6 +25,7 @@ fn routed(route: u64, replica: &str, tokens: u64) -> Fact {
         uncached_tokens: tokens,
         prompt_tokens: 0,
         priority: 0,
+        held: false,
         pending: Vec::new(),
     }
 }
@@ -282,6 +283,7 @@ fn scopes_are_kept_apart() {
                 uncached_tokens: 5,
                 prompt_tokens: 0,
                 priority: 0,
+                held: false,
                 pending: Vec::new(),
             },
         ),
