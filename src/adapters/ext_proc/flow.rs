@@ -51,6 +51,13 @@ use super::headers::RoutingFields;
 /// stats arriving, another sidecar's requests finishing).
 pub const TICK: Duration = Duration::from_millis(10);
 
+/// The longest a queue leaves a replica's room unused for a fleet peer that
+/// holds a tenant owed service first ([`FlowQueue::yields_to_peer`]): a
+/// peer's pump runs at least every [`TICK`], so one that holds such a
+/// request has released it by then. Past it, or when two sidecars each
+/// yield to the other's tenant, the room is taken.
+pub const PEER_YIELD_GRACE: Duration = TICK;
+
 /// What Envoy is asked to wait for a held request beyond its `maxQueueWait`
 /// (`override_message_timeout`): the release's decision and a loaded event loop.
 pub const MESSAGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
@@ -142,6 +149,8 @@ struct ModelQueue {
     waiters: HashMap<Ticket, Waiter>,
     /// Released and not yet decided (0 or 1).
     in_transit: Arc<AtomicUsize>,
+    /// Since when a replica's room is left to a peer ([`PEER_YIELD_GRACE`]).
+    yielding_since: Option<Timestamp>,
 }
 
 /// The held requests of one sidecar.
@@ -318,16 +327,15 @@ impl FlowGate {
                 }
             }
             while mq.in_transit.load(Ordering::Acquire) == 0 {
-                let Some(head) = mq.queue.peek() else { break };
+                let Some(head) = mq.queue.peek() else {
+                    mq.yielding_since = None;
+                    break;
+                };
                 let Some(w) = mq.waiters.get(&head) else {
                     // No one waits on it any more: drop it and look again.
                     mq.queue.cancel(head);
                     continue;
                 };
-                if mq.queue.yields_to_peer(now) {
-                    // A peer's tenant is owed the next room.
-                    break;
-                }
                 let scope = ScopeRef::new(&w.tenant, model, &w.hash_scheme);
                 let backlog = snapshot
                     .tenant(&w.tenant)
@@ -338,8 +346,22 @@ impl FlowGate {
                     self.router.pressures(scope, &w.candidates, now),
                     &self.thresholds.with_backlog(backlog),
                 ) {
+                    // No room: nothing to leave to a peer either.
+                    mq.yielding_since = None;
                     break;
                 }
+                if mq.queue.yields_to_peer(now) {
+                    // A peer's tenant is owed this room: leave it to the peer
+                    // for the grace, then take it.
+                    let since = *mq.yielding_since.get_or_insert_with(|| {
+                        self.metrics.record_peer_yield();
+                        now
+                    });
+                    if now.since(since) < PEER_YIELD_GRACE {
+                        break;
+                    }
+                }
+                mq.yielding_since = None;
                 let Some(released) = mq.queue.release(now) else {
                     break;
                 };
@@ -366,7 +388,11 @@ impl FlowGate {
         self.recount(&queues);
         let next_deadline = queues
             .values()
-            .filter_map(|mq| mq.queue.next_deadline())
+            .flat_map(|mq| {
+                let grace_ends = mq.yielding_since.map(|s| s.plus(PEER_YIELD_GRACE));
+                [mq.queue.next_deadline(), grace_ends]
+            })
+            .flatten()
             .min();
         let any_held = queues.values().any(|mq| !mq.queue.is_empty());
         drop(queues);
@@ -487,6 +513,7 @@ fn queue_for<'q>(
                 queue: FlowQueue::new(limits),
                 waiters: HashMap::new(),
                 in_transit: Arc::new(AtomicUsize::new(0)),
+                yielding_since: None,
             },
         );
     }

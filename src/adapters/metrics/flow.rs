@@ -46,6 +46,7 @@ pub struct FlowMetrics {
     /// `shed_family`'s series in [`SHED_REASONS`] order, all present from the start.
     sheds: [Counter; 4],
     held: Counter,
+    peer_yields: Counter,
 }
 
 impl Default for FlowMetrics {
@@ -64,6 +65,7 @@ impl Default for FlowMetrics {
             shed_family,
             sheds,
             held: Counter::default(),
+            peer_yields: Counter::default(),
         }
     }
 }
@@ -84,6 +86,12 @@ impl FlowMetrics {
             "flow_held",
             "Requests flow control held because every eligible replica was saturated",
             self.held.clone(),
+        );
+        registry.register(
+            "flow_peer_yields",
+            "Times a queue left a replica's room to a fleet peer holding a tenant \
+             owed service first",
+            self.peer_yields.clone(),
         );
         registry.register(
             "flow_shed",
@@ -112,6 +120,10 @@ impl FlowMetrics {
 
     pub fn record_held(&self) {
         self.held.inc();
+    }
+
+    pub fn record_peer_yield(&self) {
+        self.peer_yields.inc();
     }
 
     pub fn record_released(&self, waited: std::time::Duration) {

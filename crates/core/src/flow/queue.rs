@@ -65,8 +65,7 @@ pub const PRUNE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long a request a peer sidecar released from its queue marks its tenant
 /// as still held there ([`FlowQueue::charge_peer_release`]): a few of a
-/// saturated fleet's release intervals. It is also the longest a queue yields
-/// a replica's room to a peer's tenant that has stopped releasing.
+/// saturated fleet's release intervals.
 pub const PEER_BACKLOG_WINDOW: Duration = Duration::from_millis(50);
 
 /// The queue's bounds, from the policy's `spec.flowControl`.
@@ -357,10 +356,10 @@ impl FlowQueue {
     /// queue: its tenant is taken to hold more there for
     /// [`PEER_BACKLOG_WINDOW`]. While this queue holds none of that tenant's
     /// requests in the band, it stands in as a lane whose next request costs
-    /// the same, and [`Self::release`] yields to it when its turn comes first:
-    /// the replica's room is left to the peer, which releases that tenant's
-    /// next request, so the fleet's queues together serve their tenants by
-    /// weight instead of each serving whatever it alone holds.
+    /// the same: when its turn comes first, [`Self::yields_to_peer`] says so,
+    /// and the adapter leaves a replica's room to the peer a while, so the
+    /// fleet's queues together serve their tenants by weight instead of each
+    /// serving whatever it alone holds.
     pub fn charge_peer_release(&mut self, req: Request<'_>, now: Timestamp) {
         let cost = req.cost();
         if let Some(lane) = self.charge_lane(&req, now) {
@@ -571,12 +570,10 @@ impl FlowQueue {
     }
 
     /// The next request to release to a replica: highest band, then the smallest
-    /// finish tag among its lanes' heads (arrival order breaks ties). `None`
-    /// when nothing is held or the queue [yields](Self::yields_to_peer).
+    /// finish tag among its lanes' heads (arrival order breaks ties). It does
+    /// not consult [`Self::yields_to_peer`]: whether to leave the room to a
+    /// peer is the caller's call.
     pub fn release(&mut self, now: Timestamp) -> Option<Held> {
-        if self.yields_to_peer(now) {
-            return None;
-        }
         let (&Reverse(priority), band) = self.bands.iter_mut().find(|(_, b)| b.len > 0)?;
         let (key, _) = band
             .lanes

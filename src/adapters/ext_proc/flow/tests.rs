@@ -797,8 +797,8 @@ async fn a_route_released_from_the_queue_tells_the_peers_it_was_held() {
 fn a_queue_holding_one_tenant_leaves_room_to_a_peer_holding_one_owed_more() {
     // "quiet" (weight 1) is held here, "busy" (weight 3) only at a peer. A
     // route the peer released from its queue makes this sidecar leave r1's
-    // room to it, for one window after the peer's last such release; a
-    // route the peer did not hold is charged but yields nothing.
+    // room to it for the grace (the peer would fill it); a route the peer did
+    // not hold is charged but yields nothing.
     for peer_held in [true, false] {
         let router = mk_router(
             &[("busy", Some(3)), ("quiet", Some(1))],
@@ -823,10 +823,13 @@ fn a_queue_holding_one_tenant_leaves_room_to_a_peer_holding_one_owed_more() {
             continue;
         }
         assert!(!released(&mut pending[0].1), "the room is the peer's");
+        let almost = now.plus(PEER_YIELD_GRACE - Duration::from_millis(1));
+        svc.flow.pump_once(almost);
+        assert!(!released(&mut pending[0].1), "the room is the peer's");
         assert_eq!(svc.flow.held(), 1);
-        svc.flow
-            .pump_once(now.plus(crate::core::flow::PEER_BACKLOG_WINDOW));
-        assert!(released(&mut pending[0].1), "the peer stopped: released");
+        // The peer did not take the room within the grace: it is taken here.
+        svc.flow.pump_once(now.plus(PEER_YIELD_GRACE));
+        assert!(released(&mut pending[0].1), "released after the grace");
     }
 }
 
