@@ -39,8 +39,8 @@ pub fn prompt_tokens(block_token_counts: &[u32], prefix_tokens: u32) -> u64 {
 /// router hands it the peers' routes, [`crate::Router::share_fleet_service`]).
 pub trait FleetShares: Send + Sync {
     /// A peer routed a request of `scope` with `prompt_tokens` (at least 1) at
-    /// `priority`; `held`: its flow control held the request first (the peer
-    /// still holds requests of that tenant).
+    /// `priority`; `held`: its flow control held the request first (taken as
+    /// the tenant having more held there for a while).
     fn peer_served(
         &self,
         scope: ScopeRef<'_>,

@@ -53,9 +53,11 @@ pub const TICK: Duration = Duration::from_millis(10);
 
 /// The longest a queue leaves a replica's room unused for a fleet peer that
 /// holds a tenant owed service first ([`FlowQueue::yields_to_peer`]): a
-/// peer's pump runs at least every [`TICK`], so one that holds such a
-/// request has released it by then. Past it, or when two sidecars each
-/// yield to the other's tenant, the room is taken.
+/// peer's pump re-checks at least every [`TICK`], so a peer that still holds
+/// such a request is expected to have released it by then. Past it the room
+/// is taken here, and the queue leaves no room again until the peer's next
+/// held release arrives: two sidecars that each leave room to the other's
+/// tenant lose at most this much per such release.
 pub const PEER_YIELD_GRACE: Duration = TICK;
 
 /// What Envoy is asked to wait for a held request beyond its `maxQueueWait`
@@ -151,6 +153,9 @@ struct ModelQueue {
     in_transit: Arc<AtomicUsize>,
     /// Since when a replica's room is left to a peer ([`PEER_YIELD_GRACE`]).
     yielding_since: Option<Timestamp>,
+    /// When the latest room was first left to a peer: a new one is left only
+    /// for a peer's held release charged after it.
+    yielded_at: Timestamp,
 }
 
 /// The held requests of one sidecar.
@@ -353,11 +358,16 @@ impl FlowGate {
                 if mq.queue.yields_to_peer(now) {
                     // A peer's tenant is owed this room: leave it to the peer
                     // for the grace, then take it.
-                    let since = *mq.yielding_since.get_or_insert_with(|| {
+                    if mq.yielding_since.is_none() && mq.queue.last_peer_release() > mq.yielded_at {
                         self.metrics.record_peer_yield();
-                        now
-                    });
-                    if now.since(since) < PEER_YIELD_GRACE {
+                        mq.yielded_at = now;
+                        mq.yielding_since = Some(now);
+                    }
+                    // A clock stepped back ends the grace rather than stretch it.
+                    if let Some(since) = mq.yielding_since
+                        && since <= now
+                        && now.since(since) < PEER_YIELD_GRACE
+                    {
                         break;
                     }
                 }
@@ -458,11 +468,11 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
 /// Fleet sync: a peer's route is charged to its tenant's lane in the model's
 /// queue, as a request this sidecar passed straight to a replica is, so a tenant
 /// the peers serve waits behind the others here too. A route the peer released
-/// from its queue also marks the tenant as held there: this queue yields a
-/// replica's room to it when its turn would come first (the pump is woken, as
-/// the charge may have moved the turn). Nothing for a tenant whose policy has
-/// flow control off (its requests never queue), nor for a scope this sidecar
-/// does not know (no state for names it never serves).
+/// from its queue also marks the tenant as held there: this queue leaves a
+/// replica's room to it when its turn would come first (while it does, the
+/// pump is woken, as the charge may have moved the turn). Nothing for a tenant
+/// whose policy has flow control off (its requests never queue), nor for a
+/// scope this sidecar does not know (no state for names it never serves).
 impl FleetShares for FlowGate {
     fn peer_served(
         &self,
@@ -485,15 +495,19 @@ impl FleetShares for FlowGate {
             tokens: prompt_tokens.max(1),
         };
         let mut queues = self.queues.lock();
-        if let Some(mq) = queue_for(&mut queues, scope.model, limits_of(&fc), now) {
-            if held {
-                mq.queue.charge_peer_release(request, now);
-            } else {
-                mq.queue.charge(request, now);
-            }
+        let Some(mq) = queue_for(&mut queues, scope.model, limits_of(&fc), now) else {
+            return;
+        };
+        if held {
+            mq.queue.charge_peer_release(request, now);
+        } else {
+            mq.queue.charge(request, now);
         }
+        let yielding = mq.yielding_since.is_some();
         drop(queues);
-        self.nudge();
+        if yielding {
+            self.wake.notify_one();
+        }
     }
 }
 
@@ -514,6 +528,7 @@ fn queue_for<'q>(
                 waiters: HashMap::new(),
                 in_transit: Arc::new(AtomicUsize::new(0)),
                 yielding_since: None,
+                yielded_at: Timestamp(0),
             },
         );
     }

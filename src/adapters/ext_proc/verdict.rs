@@ -396,7 +396,8 @@ pub struct Input<'a> {
     pub subset: Option<&'a [String]>,
     /// Why the body gave no chain (the request is still served).
     pub body_miss: Option<&'a BodyMiss>,
-    /// Flow control held the request before this decision.
+    /// Flow control held the request before this decision (`ExtProc::decide`
+    /// sets it from the stream; the constructors leave it false).
     pub held: bool,
 }
 

@@ -22,10 +22,10 @@
 //!            9: sint64 priority; 10: bool held }
 //! ```
 //!
-//! Fields 8 to 10 (what the receivers' flow control charges the tenant, and
-//! whether the publisher held the request first) came after the first
-//! sidecars of this version: a message without them reads as 0 tokens, which
-//! charges nothing, and as not held.
+//! Fields 8 and 9 (what the receivers' flow control charges the tenant) came
+//! after the first sidecars of this version, and field 10 (the publisher held
+//! the request first) after those: a message without 8 reads as 0 tokens,
+//! which charges nothing, and one without 10 as not held.
 //!
 //! A future format keeps field 1 a varint version, so a sidecar reads it before
 //! anything else and reports the message as a foreign version, not as garbage.

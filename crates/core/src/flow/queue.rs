@@ -283,6 +283,8 @@ pub struct FlowQueue {
     backlog_since: Option<Timestamp>,
     /// When [`Self::prune`] last ran.
     pruned_at: Timestamp,
+    /// When [`Self::charge_peer_release`] last marked a lane.
+    last_peer_release: Timestamp,
 }
 
 /// One request asking to be held.
@@ -308,6 +310,7 @@ impl FlowQueue {
             releases: VecDeque::new(),
             backlog_since: None,
             pruned_at: Timestamp(0),
+            last_peer_release: Timestamp(0),
         }
     }
 
@@ -353,8 +356,9 @@ impl FlowQueue {
     }
 
     /// [`Self::charge`] for a request a peer sidecar released from its own
-    /// queue: its tenant is taken to hold more there for
-    /// [`PEER_BACKLOG_WINDOW`]. While this queue holds none of that tenant's
+    /// queue: its tenant, when in `Fairness` mode, is taken to hold more there
+    /// for [`PEER_BACKLOG_WINDOW`] (the peer said this one was held, not how
+    /// many more are). While this queue holds none of that tenant's
     /// requests in the band, it stands in as a lane whose next request costs
     /// the same: when its turn comes first, [`Self::yields_to_peer`] says so,
     /// and the adapter leaves a replica's room to the peer a while, so the
@@ -362,10 +366,19 @@ impl FlowQueue {
     /// serving whatever it alone holds.
     pub fn charge_peer_release(&mut self, req: Request<'_>, now: Timestamp) {
         let cost = req.cost();
-        if let Some(lane) = self.charge_lane(&req, now) {
+        let fair = req.fair_weight.is_some();
+        if let Some(lane) = self.charge_lane(&req, now)
+            && fair
+        {
             lane.peer_backlog_until = now.plus(PEER_BACKLOG_WINDOW);
             lane.peer_cost = cost;
+            self.last_peer_release = self.last_peer_release.max(now);
         }
+    }
+
+    /// When a peer's held release last marked a lane (`Timestamp(0)`: never).
+    pub fn last_peer_release(&self) -> Timestamp {
+        self.last_peer_release
     }
 
     fn charge_lane(&mut self, req: &Request<'_>, now: Timestamp) -> Option<&mut Lane> {

@@ -56,8 +56,8 @@ pub enum Fact {
         /// not say, charged nothing).
         prompt_tokens: u64,
         priority: i64,
-        /// The publisher's flow control held it first: the publisher still
-        /// holds requests of the tenant, as far as the receivers know.
+        /// The publisher's flow control held it first: the receivers take the
+        /// tenant to have more held there for a while.
         held: bool,
         /// The chain the publisher recorded as pending for the replica (its
         /// first [`MAX_SHARED_PENDING`] blocks; empty when its policy keeps no
