@@ -55,9 +55,8 @@ pub const TICK: Duration = Duration::from_millis(10);
 /// holds a tenant owed service first ([`FlowQueue::yields_to_peer`]): a
 /// peer's pump re-checks at least every [`TICK`], so a peer that still holds
 /// such a request is expected to have released it by then. Past it the room
-/// is taken here, and the queue leaves no room again until the peer's next
-/// held release arrives: two sidecars that each leave room to the other's
-/// tenant lose at most this much per such release.
+/// is taken here: two sidecars that each leave room to the other's tenant
+/// lose at most this much per room.
 pub const PEER_YIELD_GRACE: Duration = TICK;
 
 /// What Envoy is asked to wait for a held request beyond its `maxQueueWait`
@@ -153,9 +152,6 @@ struct ModelQueue {
     in_transit: Arc<AtomicUsize>,
     /// Since when a replica's room is left to a peer ([`PEER_YIELD_GRACE`]).
     yielding_since: Option<Timestamp>,
-    /// When the latest room was first left to a peer: a new one is left only
-    /// for a peer's held release charged after it.
-    yielded_at: Timestamp,
 }
 
 /// The held requests of one sidecar.
@@ -358,9 +354,8 @@ impl FlowGate {
                 if mq.queue.yields_to_peer(now) {
                     // A peer's tenant is owed this room: leave it to the peer
                     // for the grace, then take it.
-                    if mq.yielding_since.is_none() && mq.queue.last_peer_release() > mq.yielded_at {
+                    if mq.yielding_since.is_none() {
                         self.metrics.record_peer_yield();
-                        mq.yielded_at = now;
                         mq.yielding_since = Some(now);
                     }
                     // A clock stepped back ends the grace rather than stretch it.
@@ -528,7 +523,6 @@ fn queue_for<'q>(
                 waiters: HashMap::new(),
                 in_transit: Arc::new(AtomicUsize::new(0)),
                 yielding_since: None,
-                yielded_at: Timestamp(0),
             },
         );
     }

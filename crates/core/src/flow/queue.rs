@@ -283,8 +283,6 @@ pub struct FlowQueue {
     backlog_since: Option<Timestamp>,
     /// When [`Self::prune`] last ran.
     pruned_at: Timestamp,
-    /// When [`Self::charge_peer_release`] last marked a lane.
-    last_peer_release: Timestamp,
 }
 
 /// One request asking to be held.
@@ -310,7 +308,6 @@ impl FlowQueue {
             releases: VecDeque::new(),
             backlog_since: None,
             pruned_at: Timestamp(0),
-            last_peer_release: Timestamp(0),
         }
     }
 
@@ -372,13 +369,7 @@ impl FlowQueue {
         {
             lane.peer_backlog_until = now.plus(PEER_BACKLOG_WINDOW);
             lane.peer_cost = cost;
-            self.last_peer_release = self.last_peer_release.max(now);
         }
-    }
-
-    /// When a peer's held release last marked a lane (`Timestamp(0)`: never).
-    pub fn last_peer_release(&self) -> Timestamp {
-        self.last_peer_release
     }
 
     fn charge_lane(&mut self, req: &Request<'_>, now: Timestamp) -> Option<&mut Lane> {
