@@ -23,6 +23,10 @@
 //! replica is not handed a burst. The decision runs at release (late binding):
 //! the request goes to the cache-aware pick of that moment.
 //!
+//! With fleet sync, a head that could go may wait up to [`PEER_YIELD_GRACE`]
+//! when a peer holds a tenant owed the room first
+//! ([`FlowQueue::yields_to_peer`]).
+//!
 //! A held request whose stream ends (the client went away) leaves the queue when
 //! its [`Pending`] drops. Limits come from the policy of the request's tenant:
 //! its `maxQueueWait` sets its own deadline, its `maxQueuedRequests` bounds the

@@ -20,6 +20,13 @@
 //! [`FAIRNESS_MEMORY`] is forgotten; a band lives while it holds requests or
 //! remembers a lane.
 //!
+//! A peer's route that its queue held first also marks the tenant as held
+//! at that peer for a short window ([`FlowQueue::charge_peer_release`]):
+//! while this queue holds none of that tenant's requests, the mark stands in
+//! for its next one, and [`FlowQueue::yields_to_peer`] says when that would
+//! come before this queue's head (the adapter then leaves the room to the
+//! peer a while).
+//!
 //! A request removed before its turn (cancel, timeout, eviction) is refunded:
 //! its tenant's later requests are retagged as if it had never been enqueued,
 //! so a tenant whose requests time out under overload is charged only for what
