@@ -9,7 +9,7 @@
 //!
 //! This is the one place where proto messages and core types meet: requests are
 //! borrowed into core requests (the chain is never copied on LookupRoute), and
-//! every core error becomes a `tonic::Status` in [`ingest_status`]. Input the core
+//! every core error becomes a `tonic::Status` in `ingest_status`. Input the core
 //! cannot mean anything by is refused with `InvalidArgument` and a message naming
 //! the field; structurally odd but harmless input (unequal chain arrays, empty keys
 //! on LookupRoute) is decided by the core, which answers NO_HINT.

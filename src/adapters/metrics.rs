@@ -3,7 +3,7 @@
 //! Request-path metrics (decisions, latency, ingest calls) are updated as things
 //! happen. The index's own state (entries per tenant, evictions and refusals by
 //! cause, stored/removed blocks) and the policy source's reload counts are read at
-//! scrape time by [`IndexCollector`], so the hot path never touches a metric for them.
+//! scrape time by `IndexCollector`, so the hot path never touches a metric for them.
 //!
 //! Every label is bounded: reason codes and causes are fixed `&'static str`s, and
 //! the tenant label only takes tenant ids that the policy snapshot declares (all

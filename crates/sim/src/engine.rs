@@ -3,7 +3,7 @@
 //! gauges on `GET /metrics`, and one of two cost models. The routing benchmark runs
 //! a fleet of these behind Envoy.
 //!
-//! The default cost model is continuous batching ([`batch`], `--cost-model
+//! The default cost model is continuous batching (`batch`, `--cost-model
 //! batched`): requests share engine steps whose time grows with the prefill tokens
 //! and decoding sequences in them. The simple model (`--cost-model simple`) is
 //! below.

@@ -1,5 +1,5 @@
 //! Watches → snapshot: reflector stores of every kind the policy is made of, and
-//! a debounced rebuild through [`resolve_with_pods`] on every change.
+//! a debounced rebuild through [`resolve_with_pods`](crate::adapters::resolve::resolve_with_pods) on every change.
 //!
 //! ```text
 //!  CachePolicy  ┐ (all namespaces)

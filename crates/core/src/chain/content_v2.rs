@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The longest LoRA adapter name or cache salt accepted (bytes). Length prefixes are
-/// u32, and [`UNNAMED_ADAPTER`] is reserved as one.
+/// u32, and `UNNAMED_ADAPTER` (`u32::MAX`) is reserved as one.
 pub const MAX_IDENTITY_LEN: usize = 4096;
 
 /// A length prefix no name can have: marks an adapter known only by the engine's
