@@ -162,6 +162,8 @@ impl<'a> HoldersRef<'a> {
 
     pub fn contains(&self, slot: u32) -> bool {
         match self.many() {
+            // The mask is exactly the listed slots below 64.
+            Some(v) if slot < 64 => v.mask & (1 << slot) != 0,
             Some(v) => v.list.iter().any(|h| h.slot == slot),
             None => self.holders.0.slot == slot && self.holders.0.refs > 0,
         }

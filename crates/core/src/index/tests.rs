@@ -553,6 +553,36 @@ fn duplicate_stores_and_removals_are_reference_counted() {
     assert!(survivors(&ix, "a", &[7]).is_empty());
 }
 
+#[test]
+fn a_removal_releases_only_what_its_replica_holds_across_long_events() {
+    let ix = mk_index(u64::MAX);
+    // 150 blocks (past one 64-block plan batch) on r1; r2 holds the first 70
+    // and, elsewhere in the scope, a chain of its own.
+    let chain: Vec<u64> = (1..=150).collect();
+    let own: Vec<u64> = (1_000..1_100).collect();
+    store(&ix, &LRU, "a", "r1", &chain, s(1));
+    store(&ix, &LRU, "a", "r2", &chain[..70], s(2));
+    store(&ix, &LRU, "a", "r2", &own, s(3));
+    assert_eq!(ix.tenant_entries("a"), 250);
+    // r2 removes the whole chain, its own chain's middle and blocks nobody
+    // stored, in one event: its 70 and its 40 go, r1 keeps all of its 150.
+    let mut hashes = chain.clone();
+    hashes.extend(&own[30..70]);
+    hashes.extend(5_000..5_010);
+    apply(&ix, &LRU, "a", "r2", &[removed(&hashes)], s(4));
+    assert_eq!(prefix_count(&ix, "a", "r2"), Some(60));
+    assert_eq!(prefix_count(&ix, "a", "r1"), Some(150));
+    assert_eq!(survivors(&ix, "a", &chain), chain);
+    let kept: Vec<u64> = own[..30].iter().chain(&own[70..]).copied().collect();
+    assert_eq!(survivors(&ix, "a", &own), kept);
+    assert_eq!(ix.tenant_entries("a"), 210);
+    // r1 removes its tail, last block first: 80 entries go.
+    let tail: Vec<u64> = chain[70..].iter().rev().copied().collect();
+    apply(&ix, &LRU, "a", "r1", &[removed(&tail)], s(5));
+    assert_eq!(survivors(&ix, "a", &chain), chain[..70]);
+    assert_eq!(ix.tenant_entries("a"), 130);
+}
+
 // ----- malformed input -----
 
 #[test]
