@@ -705,18 +705,25 @@ fn peer_route(
     }
 }
 
-/// Through the ext_proc service's own gate (as `ExtProc::new` wires it): a
-/// fleet peer routes three of `tenant`'s requests of `prompt_tokens` each,
-/// then "busy" and "quiet" queue two requests each, "busy" first. The order
-/// they are released in.
-fn order_after_peer_routes(tenant: &str, prompt_tokens: u64) -> Vec<&'static str> {
+/// One replica (r1) serving `tenants` under flow control (64 held, 30 s), in a
+/// fleet whose peers hear nothing, and the ext_proc service over it.
+fn fleet_service(tenants: &[(&str, Option<u32>)]) -> (Arc<Router>, ExtProc) {
     let router = mk_router(
-        &[("busy", Some(1)), ("quiet", Some(1))],
+        tenants,
         &THREE[..1],
         flow_policy(64, Duration::from_secs(30)),
     );
     assert!(router.join_fleet("me", Arc::new(Nowhere)));
     let svc = mk_service(router.clone(), Thresholds::default());
+    (router, svc)
+}
+
+/// Through the ext_proc service's own gate (as `ExtProc::new` wires it): a
+/// fleet peer routes three of `tenant`'s requests of `prompt_tokens` each,
+/// then "busy" and "quiet" queue two requests each, "busy" first. The order
+/// they are released in.
+fn order_after_peer_routes(tenant: &str, prompt_tokens: u64) -> Vec<&'static str> {
+    let (router, svc) = fleet_service(&[("busy", Some(1)), ("quiet", Some(1))]);
     let now = Timestamp::now();
     for seq in 1..=3 {
         let applied = router.apply_peer(peer_route(seq, tenant, prompt_tokens, false), now);
@@ -800,13 +807,7 @@ fn a_queue_holding_one_tenant_leaves_room_to_a_peer_holding_one_owed_more() {
     // room to it for the grace, each time it has room, while "busy" counts as
     // held there; a route the peer did not hold is charged but leaves no room.
     for peer_held in [true, false] {
-        let router = mk_router(
-            &[("busy", Some(3)), ("quiet", Some(1))],
-            &THREE[..1],
-            flow_policy(64, Duration::from_secs(30)),
-        );
-        assert!(router.join_fleet("me", Arc::new(Nowhere)));
-        let svc = mk_service(router.clone(), Thresholds::default());
+        let (router, svc) = fleet_service(&[("busy", Some(3)), ("quiet", Some(1))]);
         let now = Timestamp::now();
         report_r1(&router, &["busy", "quiet"], 20);
         let mut pending = hold_each(&svc.flow, &["quiet"; 3], now);
