@@ -458,12 +458,17 @@ impl Router {
     /// `candidates` when not empty), for flow control's saturation predicate
     /// ([`crate::flow::saturation::all_saturated`]). The engine's report counts
     /// while younger than the tenant's `statsMaxAge`, plus what this sidecar sent
-    /// since; without a fresh report, this sidecar's in-flight requests stand in.
-    /// The prefill backlog is the fleet's: this sidecar's routes still
-    /// prefilling and, with fleet sync, its peers'. What this sidecar sent and
-    /// the backlog count every scope registered at the replica's address (other
-    /// tenants' requests wait in the same engine queue).
-    /// Empty when the scope is unknown or serves nothing.
+    /// since and is still prefilling; without a fresh report the waiting bound
+    /// has nothing to read (in-flight requests do not stand in: a request whose
+    /// prefill end is unseen may be decoding). The prefill backlog is the
+    /// fleet's: this sidecar's routes still prefilling and, with fleet sync, its
+    /// peers'; it counts only where the engine's KV events are live
+    /// ([`crate::load::EVENT_FEED_LIVE`]), because elsewhere a prefill is taken
+    /// to end at the response headers, which a non-streaming response sends at
+    /// the end of its generation. What this sidecar sent and the backlog count
+    /// every scope registered at the replica's address (other tenants' requests
+    /// wait in the same engine queue). Empty when the scope is unknown or
+    /// serves nothing.
     pub fn pressures(
         &self,
         scope: ScopeRef<'_>,
@@ -475,6 +480,7 @@ impl Router {
         };
         let policy = self.snapshot.load().tenant(scope.tenant).policy.clone();
         let (now_ns, max_age) = (now.as_nanos(), policy.load_balancing.stats_max_age_nanos());
+        let live_for = crate::load::EVENT_FEED_LIVE.as_nanos() as u64;
         let serving = s.serving(now_ns, policy.ttl_nanos(), candidates);
         // An engine serves every scope registered at its address: the work this
         // fleet queued there is the sum over those scopes, whoever's tenant it is.
@@ -488,7 +494,6 @@ impl Router {
                 let l = &live.load;
                 let e = elsewhere.entry(endpoint.clone()).or_default();
                 e.since_report += l.prefilling_since_report();
-                e.inflight += l.inflight_requests();
                 e.backlog_tokens += l.inflight_tokens();
             });
         }
@@ -512,15 +517,21 @@ impl Router {
                     .and_then(|e| elsewhere.get(e))
                     .copied()
                     .unwrap_or_default();
+                let last_event = r.live.last_event_at();
+                let events_live = last_event > 0 && now_ns.saturating_sub(last_event) <= live_for;
                 Pressure {
                     engine_waiting: load.engine_waiting(now_ns, max_age),
                     sent_since_report: if fresh {
                         load.prefilling_since_report() + other.since_report
                     } else {
-                        load.inflight_requests() + other.inflight
+                        0
                     },
                     kv_usage,
-                    backlog_tokens: load.inflight_tokens() + other.backlog_tokens,
+                    backlog_tokens: if events_live {
+                        load.inflight_tokens() + other.backlog_tokens
+                    } else {
+                        0
+                    },
                 }
             })
             .collect()
@@ -572,6 +583,5 @@ impl Router {
 #[derive(Clone, Copy, Debug, Default)]
 struct OtherScopes {
     since_report: u64,
-    inflight: u64,
     backlog_tokens: u64,
 }

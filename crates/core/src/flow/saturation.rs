@@ -3,7 +3,8 @@
 //! A replica is saturated when any of three bounds is reached:
 //!
 //! - **prefill backlog**: the uncached prompt tokens this fleet sent it whose
-//!   prefill has not ended reach `max_backlog_tokens`. This is the bound that
+//!   prefill has not ended (as its live KV events show) reach
+//!   `max_backlog_tokens`. This is the bound that
 //!   engages first under load: it measures queued *work*, so a few long prompts
 //!   count as much as many short ones, and it is known the moment a request is
 //!   routed, not a scrape later;
@@ -26,11 +27,13 @@ pub struct Pressure {
     /// The engine's last reported waiting count (0 when it never reported).
     pub engine_waiting: u64,
     /// Requests this fleet routed there since that report whose prefill has not
-    /// ended (or in flight, when the engine does not report).
+    /// ended (0 when the engine does not report: requests in flight may be
+    /// decoding).
     pub sent_since_report: u64,
     /// The engine's KV cache usage 0..1, when reported.
     pub kv_usage: Option<f64>,
-    /// Uncached prompt tokens the fleet routed there whose prefill has not ended.
+    /// Uncached prompt tokens the fleet routed there whose prefill has not ended
+    /// (0 unless the replica's KV events are live, which show a prefill end).
     pub backlog_tokens: u64,
 }
 

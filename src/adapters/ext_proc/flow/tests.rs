@@ -86,6 +86,16 @@ fn mk_router_of(
     tenants: &[(&str, Option<u32>, Arc<ResolvedPolicy>)],
     replicas: &[(&str, &str)],
 ) -> Arc<Router> {
+    declared_router(tenants, replicas, true)
+}
+
+/// The tenants' namespaces and backends; `with_events`: r1's engine has just
+/// stored CHAIN for each (its event feed is live).
+fn declared_router(
+    tenants: &[(&str, Option<u32>, Arc<ResolvedPolicy>)],
+    replicas: &[(&str, &str)],
+    with_events: bool,
+) -> Arc<Router> {
     let namespaces = tenants
         .iter()
         .map(|(t, w, policy)| NamespacePolicy {
@@ -104,6 +114,9 @@ fn mk_router_of(
     let snapshot = PolicySnapshot::new(ResolvedPolicy::default(), namespaces, backends);
     let now = Timestamp::now();
     let router = Arc::new(Router::new(IndexConfig::default(), snapshot, now));
+    if !with_events {
+        return router;
+    }
     for (t, _, _) in tenants {
         let events = [IndexEvent::Stored {
             parent: None,
@@ -134,7 +147,8 @@ fn mk_service(router: Arc<Router>, saturation: Thresholds) -> ExtProc {
     )
 }
 
-/// One in flight saturates a replica: freeing it is a response beginning.
+/// One request sent since the engine's report (the report must be fresh)
+/// saturates a replica: freeing it is a response beginning.
 const ONE_IN_FLIGHT: Thresholds = Thresholds {
     max_waiting: 1,
     kv_usage_limit: 0.95,
@@ -419,12 +433,49 @@ async fn a_prefill_backlog_saturates_before_the_engines_queue_grows() {
 }
 
 #[tokio::test]
+async fn a_replica_whose_engine_shows_no_signals_is_never_saturated() {
+    // r1 sends no KV events and no queue report: the sidecar cannot tell its
+    // queued requests from those decoding, so however many are in flight and
+    // however low the bounds, nothing is held.
+    let policy = Arc::new(flow_policy(8, Duration::from_secs(30)));
+    let router = declared_router(&[("acme", None, policy)], &THREE[..1], false);
+    let tight = Thresholds {
+        max_waiting: 1,
+        kv_usage_limit: 0.95,
+        max_backlog_tokens: 1,
+    };
+    let svc = mk_service(router.clone(), tight);
+    let mut open = Vec::new();
+    for i in 0..5u64 {
+        let mut c = Client::open(&svc);
+        c.send_chain("acme", &[0xf0 + i, 0xf1, 0xf2, 0xf3], &[]);
+        let d = c.decision().await;
+        assert_eq!(
+            header(&d, DEFAULT_DESTINATION_HEADER).as_deref(),
+            Some("127.0.0.1:8001")
+        );
+        open.push(c);
+    }
+    assert_eq!(svc.flow.held(), 0);
+    // Once the engine reports its queue, the bound has something to read:
+    // what was sent since the report fills it.
+    report_r1(&router, &["acme"], 0);
+    let mut sent = Client::open(&svc);
+    sent.send_chain("acme", &[0xe0, 0xe1, 0xe2, 0xe3], &[]);
+    assert!(sent.decision().await.response.is_some());
+    let next = Client::open(&svc);
+    next.send_chain("acme", &[0xd0, 0xd1, 0xd2, 0xd3], &[]);
+    until_held(&svc, 1).await;
+}
+
+#[tokio::test]
 async fn a_full_queue_sheds_the_newcomer_with_429_and_retry_after() {
     let router = mk_router(
         &[("acme", None)],
         &THREE[..1],
         flow_policy(1, Duration::from_millis(2500)),
     );
+    report_r1(&router, &["acme"], 0);
     let svc = mk_service(router, ONE_IN_FLIGHT);
     let mut busy = Client::open(&svc);
     busy.send_headers("acme", &[]);
@@ -456,6 +507,7 @@ async fn a_request_held_past_max_queue_wait_is_shed_as_timeout() {
         &THREE[..1],
         flow_policy(4, Duration::from_millis(300)),
     );
+    report_r1(&router, &["acme"], 0);
     let svc = mk_service(router, ONE_IN_FLIGHT);
     let mut busy = Client::open(&svc);
     busy.send_headers("acme", &[]);
@@ -481,6 +533,7 @@ async fn a_client_that_goes_away_while_held_leaves_the_queue() {
         &THREE[..1],
         flow_policy(4, Duration::from_secs(30)),
     );
+    report_r1(&router, &["acme"], 0);
     let svc = mk_service(router, ONE_IN_FLIGHT);
     let mut busy = Client::open(&svc);
     busy.send_headers("acme", &[]);
@@ -517,6 +570,7 @@ async fn higher_priority_is_released_first() {
         &THREE[..1],
         flow_policy(8, Duration::from_secs(30)),
     );
+    report_r1(&router, &["acme"], 0);
     let svc = mk_service(router, ONE_IN_FLIGHT);
     let mut busy = Client::open(&svc);
     busy.send_headers("acme", &[]);
@@ -788,6 +842,7 @@ async fn a_route_released_from_the_queue_tells_the_peers_it_was_held() {
     );
     let published = Arc::new(Published::default());
     assert!(router.join_fleet("me", published.clone()));
+    report_r1(&router, &["acme"], 0);
     let svc = mk_service(router, ONE_IN_FLIGHT);
     let mut busy = Client::open(&svc);
     busy.send_headers("acme", &[]);

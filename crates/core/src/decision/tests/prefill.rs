@@ -421,3 +421,34 @@ fn a_fully_cached_request_or_one_ended_by_its_response_stops_counting_as_waiting
     drop(held);
     assert_eq!(waiting_pressure(&router, "r1").1, 0);
 }
+
+/// What flow control's saturation bounds read for `id` at `now`: (waiting
+/// requests, prefill backlog tokens).
+fn flow_reads(router: &Router, id: &str, now: Timestamp) -> (u64, u64) {
+    let p = router.pressures(acme(), &[id.to_owned()], now);
+    assert_eq!(p.len(), 1);
+    (p[0].waiting(), p[0].backlog_tokens)
+}
+
+#[test]
+fn flow_control_counts_only_the_signals_that_show_a_prefill_end() {
+    // r1 stored blocks at t0, so its event feed is live until EVENT_FEED_LIVE
+    // later; its engine never reported its queue.
+    let (router, _) = fleet(ResolvedPolicy::default());
+    let later = t0().plus(crate::load::EVENT_FEED_LIVE + Duration::from_secs(1));
+    let _sent = [
+        route(&router, "r1", &[900], 100),
+        route(&router, "r1", &[901], 100),
+    ];
+    // Without a report nothing stands in for the waiting count (a request in
+    // flight may be decoding). While r1's events are live they will show its
+    // prefills end, so its backlog counts.
+    assert_eq!(flow_reads(&router, "r1", t0()), (0, 200));
+    // Once they are not, a request ends only with its response, which a
+    // non-streaming one sends when its generation is done: no backlog.
+    assert_eq!(flow_reads(&router, "r1", later), (0, 0));
+    // The engine reports 3 waiting: that, plus what was sent since.
+    report_queue(&router, "r1", 3, 0, later);
+    let _more = route(&router, "r1", &[902], 100);
+    assert_eq!(flow_reads(&router, "r1", later), (4, 0));
+}
