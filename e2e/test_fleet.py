@@ -162,12 +162,13 @@ def test_a_tenant_served_through_one_sidecar_queues_behind_another_at_the_other(
     those ten itself (alone, the earlier "busy" would go first)."""
     f = fair_fleet
     s1 = f.sidecars[0]
-    # replica-c holds the first blocks of the prompts sidecar 1 will hold:
-    # released, they go there, with the rest of their prefill still to do.
+    # replica-c holds the first four blocks (64 tokens, the default
+    # minimumMatchedTokens) of the prompts sidecar 1 will hold: released, they
+    # go there as a PREFIX_MATCH, with the rest of their prefill still to do.
     prompts = {t: chain() for t in FAIR_TENANTS}
     for tenant, hashes in prompts.items():
         out = cachewire.ingest(s1.ingest_addr, tenant, MODEL, SCHEME, "replica-c",
-                               [cachewire.stored_event(hashes[:2])], token=s1.ingest_token)
+                               [cachewire.stored_event(hashes[:4])], token=s1.ingest_token)
         assert out == {"applied": 1, "rejected": 0}
     slow = lambda envoy, tenant, hashes=None: _slow_get(envoy, dict(
         chain_headers(hashes or chain(), tenant=tenant), **{"x-test-hold-ms": "2000"}))

@@ -171,11 +171,13 @@ def test_a_held_request_whose_client_goes_away_leaves_the_queue_at_once(held_sta
 
 def test_a_higher_priority_held_later_is_released_first(held_stack):
     s = held_stack
-    # replica-c holds the first blocks of both prompts: released, each goes
-    # there with the rest of its prefill to do, and fills it again.
+    # replica-c holds the first four blocks (64 tokens, the default
+    # minimumMatchedTokens) of both prompts: released, each goes there (a
+    # PREFIX_MATCH, not wherever the affinity hint points) with the rest of
+    # its prefill to do, and fills it again.
     low, high = chain(), chain()
     for hashes in (low, high):
-        hold(s, "replica-c", hashes[:2])
+        hold(s, "replica-c", hashes[:4])
     s.saturate()
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         first = pool.submit(s.get, chain_headers(low))
