@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fleet_routes::FleetRoutes;
 pub(crate) use inflight::Prefill;
-pub use inflight::{EVENT_FEED_LIVE, INFLIGHT_AGE_OUT, Inflight};
+pub use inflight::{EVENT_FEED_LIVE, INFLIGHT_AGE_OUT, Inflight, event_feed_is_live};
 pub use prefills::MAX_PREFILLS;
 pub(crate) use prefills::Prefills;
 pub use recent_routes::{HALF_LIFE, RecentRoutes};

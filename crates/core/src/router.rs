@@ -480,7 +480,6 @@ impl Router {
         };
         let policy = self.snapshot.load().tenant(scope.tenant).policy.clone();
         let (now_ns, max_age) = (now.as_nanos(), policy.load_balancing.stats_max_age_nanos());
-        let live_for = crate::load::EVENT_FEED_LIVE.as_nanos() as u64;
         let serving = s.serving(now_ns, policy.ttl_nanos(), candidates);
         // An engine serves every scope registered at its address: the work this
         // fleet queued there is the sum over those scopes, whoever's tenant it is.
@@ -517,8 +516,7 @@ impl Router {
                     .and_then(|e| elsewhere.get(e))
                     .copied()
                     .unwrap_or_default();
-                let last_event = r.live.last_event_at();
-                let events_live = last_event > 0 && now_ns.saturating_sub(last_event) <= live_for;
+                let events_live = crate::load::event_feed_is_live(r.live.last_event_at(), now_ns);
                 Pressure {
                     engine_waiting: load.engine_waiting(now_ns, max_age),
                     sent_since_report: if fresh {

@@ -27,6 +27,12 @@ pub const INFLIGHT_AGE_OUT: Duration = Duration::from_secs(60);
 /// end of a request's prefill will be seen, so the request may be let go by it.
 pub const EVENT_FEED_LIVE: Duration = Duration::from_secs(10);
 
+/// Whether a replica whose last event (of any kind) was at `last_event_at` ns
+/// (0 = never) has a live event feed at `now` ns ([`EVENT_FEED_LIVE`]).
+pub fn event_feed_is_live(last_event_at: u64, now: u64) -> bool {
+    last_event_at > 0 && now.saturating_sub(last_event_at) <= EVENT_FEED_LIVE.as_nanos() as u64
+}
+
 /// One routed request counted against its replica until dropped.
 ///
 /// Dropping it releases the count exactly once, so every exit path of the
@@ -236,12 +242,10 @@ impl Inflight {
         stats_max_age: u64,
     ) -> bool {
         let now = now.as_nanos();
-        let within = |at: u64, age: u64| at > 0 && now.saturating_sub(at) <= age;
-        within(last_event_at, EVENT_FEED_LIVE.as_nanos() as u64)
-            && within(
-                self.cell.load().engine_queue_at.load(Ordering::Relaxed),
-                stats_max_age,
-            )
+        let report_at = self.cell.load().engine_queue_at.load(Ordering::Relaxed);
+        event_feed_is_live(last_event_at, now)
+            && report_at > 0
+            && now.saturating_sub(report_at) <= stats_max_age
     }
 
     /// The uncached prompt tokens this request brought to its replica.
