@@ -120,6 +120,9 @@ impl ExtProc {
         // With fleet sync, the peers' routes count in this gate's tenant shares.
         let shares = Arc::downgrade(&flow);
         router.share_fleet_service(shares);
+        // Held requests go the moment an engine's events or report show room.
+        let watch = Arc::downgrade(&flow);
+        router.watch_room(watch);
         Self {
             flow,
             router,

@@ -51,6 +51,17 @@ pub trait FleetShares: Send + Sync {
     );
 }
 
+/// Flow control's wake-up from the engines' side: told after the router applied
+/// an engine's KV events, a queue report or a peer's routing fact, any of which
+/// may end a prefill and so free room at a saturated replica. Held requests then
+/// go as soon as an engine's signals show room, not at the queue's next timer
+/// tick ([`crate::Router::watch_room`]).
+pub trait RoomWatch: Send + Sync {
+    /// The replicas' load signals changed. Called on the ingesting thread:
+    /// must be cheap and must not block.
+    fn signals_changed(&self);
+}
+
 pub use queue::{
     Admission, FAIRNESS_HALF_LIFE, FAIRNESS_MEMORY, FlowQueue, Held, MAX_REMEMBERED_BANDS,
     MIN_RELEASES_TO_FORESEE, PEER_BACKLOG_WINDOW, PRUNE_INTERVAL, QueueLimits, Request, ShedReason,

@@ -8,13 +8,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 
 use super::chain;
 use super::decision::{self, outcome::Decision, request::LookupRequest};
-use super::flow::FleetShares;
 use super::flow::saturation::Pressure;
+use super::flow::{FleetShares, RoomWatch};
 use super::index::{
     Index, IndexConfig, IndexView, IngestBatch, IngestError, IngestOutcome, StatsReport,
     TenantLimits,
@@ -45,6 +45,9 @@ pub struct Router {
     /// Where the peers' routes are charged to their tenants' shares (flow
     /// control's queues; weak: they hold this router).
     fleet_shares: Mutex<Option<Weak<dyn FleetShares>>>,
+    /// Told when applied signals may have freed room (flow control's queues;
+    /// weak, as above). A lock-free load on every ingest.
+    room_watch: ArcSwapOption<Weak<dyn RoomWatch>>,
 }
 
 impl Router {
@@ -57,6 +60,7 @@ impl Router {
             fleet_turn: AtomicUsize::new(0),
             fleet: OnceLock::new(),
             fleet_shares: Mutex::new(None),
+            room_watch: ArcSwapOption::empty(),
         };
         router.install(snapshot, now);
         router
@@ -308,6 +312,10 @@ impl Router {
                 }
             }
         }
+        if applied {
+            // A peer's prefill end or its engine's report frees room here too.
+            self.signals_changed();
+        }
         Some(outcome)
     }
 
@@ -316,6 +324,19 @@ impl Router {
     /// tenant shares count what the whole fleet served.
     pub fn share_fleet_service(&self, shares: Weak<dyn FleetShares>) {
         *self.fleet_shares.lock() = Some(shares);
+    }
+
+    /// `watch` is told after every applied event batch, queue report and peer
+    /// fact from now on (replacing whatever was set before): the moments a
+    /// prefill can end and a saturated replica gain room.
+    pub fn watch_room(&self, watch: Weak<dyn RoomWatch>) {
+        self.room_watch.store(Some(Arc::new(watch)));
+    }
+
+    fn signals_changed(&self) {
+        if let Some(watch) = self.room_watch.load().as_ref().and_then(|w| w.upgrade()) {
+            watch.signals_changed();
+        }
     }
 
     /// Drops the peers silent past the heartbeat timeout; returns how many.
@@ -364,6 +385,7 @@ impl Router {
                 None => self.sweep_cap(),
             }
         }
+        self.signals_changed();
         Ok(outcome)
     }
 
@@ -393,7 +415,9 @@ impl Router {
         if report.scope.tenant == PROBE_TENANT {
             return Err(IngestError::ReservedTenant(PROBE_TENANT.to_string()));
         }
-        self.index.report_stats(report, now)
+        self.index.report_stats(report, now)?;
+        self.signals_changed();
+        Ok(())
     }
 
     /// A serving replica for ORIGINAL_DST without a hint: least loaded, then

@@ -43,7 +43,7 @@ use crate::adapters::metrics::flow::FlowMetrics;
 use crate::core::Router;
 use crate::core::flow::saturation::{Thresholds, all_saturated};
 use crate::core::flow::{
-    Admission, FleetShares, FlowQueue, QueueLimits, Request, ShedReason, Ticket,
+    Admission, FleetShares, FlowQueue, QueueLimits, Request, RoomWatch, ShedReason, Ticket,
 };
 use crate::core::policy::FlowControl;
 use crate::core::scope::ScopeRef;
@@ -188,8 +188,8 @@ impl FlowGate {
         self.held.load(Ordering::Acquire)
     }
 
-    /// A request left a replica (its response began, its stream ended): held
-    /// requests may go. Free when nothing is held.
+    /// A replica may have room (a response began, a stream ended, an engine's
+    /// signals changed): held requests may go. Free when nothing is held.
     pub fn nudge(&self) {
         if self.held() > 0 {
             self.wake.notify_one();
@@ -461,6 +461,14 @@ async fn pump(gate: Weak<FlowGate>, wake: Arc<Notify>) {
             }
             None => wake.notified().await,
         }
+    }
+}
+
+/// A prefill's end (an engine's KV events, its queue report, a peer's fact)
+/// may free room: the pump looks at once instead of at its next [`TICK`].
+impl RoomWatch for FlowGate {
+    fn signals_changed(&self) {
+        self.nudge();
     }
 }
 

@@ -393,6 +393,40 @@ async fn a_held_request_goes_to_the_replica_that_frees() {
     assert_eq!(svc.flow.held(), 0);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_held_request_goes_when_an_engines_signals_show_room_not_at_the_next_tick() {
+    // The clock is paused: it moves only when every task waits for a timer.
+    // The engine's report that frees r2 wakes the queue at once, so the held
+    // request is decided with no time passing; a queue that only looked again
+    // at its next tick would let the clock run to that tick first.
+    let router = mk_router(
+        &[("acme", None)],
+        &THREE,
+        flow_policy(8, Duration::from_secs(30)),
+    );
+    for (id, addr) in THREE {
+        report(&router, "acme", id, addr, 20);
+    }
+    let svc = mk_service(router.clone(), Thresholds::default());
+    let mut c = Client::open(&svc);
+    c.send_headers("acme", &[]);
+    let first = c.next().await;
+    assert!(first.response.is_none(), "{first:?}");
+    until_held(&svc, 1).await;
+    // Held since the pump's first look; it looks again every tick from then.
+    // Half a tick off that phase, no tick is due when r2 frees.
+    assert!(c.silent_for(super::TICK * 3 + super::TICK / 2).await);
+    let before = tokio::time::Instant::now();
+    report(&router, "acme", "r2", "127.0.0.1:8002", 0);
+    let r = c.decision().await;
+    assert_eq!(
+        header(&r, DEFAULT_DESTINATION_HEADER).as_deref(),
+        Some("127.0.0.1:8002")
+    );
+    assert_eq!(tokio::time::Instant::now() - before, Duration::ZERO);
+    assert_eq!(svc.flow.held(), 0);
+}
+
 #[tokio::test]
 async fn a_prefill_backlog_saturates_before_the_engines_queue_grows() {
     // No engine reports and far fewer than 8 requests: only the prefill backlog

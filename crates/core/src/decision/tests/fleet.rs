@@ -167,3 +167,68 @@ fn forgetting_the_peers_drops_their_load_and_a_stray_peer_changes_nothing() {
     let (c, _) = fleet(ResolvedPolicy::default());
     assert_eq!(c.apply_peer(ma.message(Fact::Heartbeat), t0()), None);
 }
+
+/// Counts how often the router said its replicas' signals changed.
+#[derive(Default)]
+struct Watch(std::sync::atomic::AtomicUsize);
+
+impl crate::flow::RoomWatch for Watch {
+    fn signals_changed(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Watch {
+    fn told(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn flow_control_hears_of_every_applied_signal_that_can_free_room_and_of_nothing_refused() {
+    // A prefill ends through an event batch, a queue report or a peer's fact:
+    // after each one applied the watch is told, so held requests need not wait
+    // for the queue's timer; what the router refused changed nothing and is not.
+    let (a, _) = fleet(ResolvedPolicy::default());
+    let (b, _) = fleet(ResolvedPolicy::default());
+    let watch = Arc::new(Watch::default());
+    let weak = Arc::downgrade(&watch);
+    b.watch_room(weak);
+    assert_eq!(watch.told(), 0);
+
+    store(&b, "r3", &[40, 41]);
+    assert_eq!(watch.told(), 1, "an event batch");
+    report_queue(&b, "r3", 2, 1, t0());
+    assert_eq!(watch.told(), 2, "a queue report");
+
+    let probe = crate::scope::PROBE_TENANT;
+    let refused = IngestBatch {
+        scope: ScopeRef::new(probe, "llama", "vllm"),
+        replica_id: "r3",
+        endpoint: &endpoint_of("r3"),
+        events: &[stored(&[42])],
+    };
+    assert!(b.ingest(&refused, t0()).is_err());
+    assert_eq!(watch.told(), 2, "a refused batch");
+
+    let mut ma = Member::join(&a, "a");
+    let _mb = Member::join(&b, "b");
+    let _held = admitted(&a, "r1", 1);
+    let facts = ma.relay(&b, t0());
+    assert_eq!(watch.told(), 2 + facts.len(), "each applied peer fact");
+    let stale = Message {
+        peer: "a".into(),
+        epoch: 1,
+        seq: 1,
+        fact: Fact::Leave,
+    };
+    assert!(matches!(
+        b.apply_peer(stale, t0()),
+        Some(Outcome::Rejected(_))
+    ));
+    assert_eq!(watch.told(), 2 + facts.len(), "a stale peer message");
+
+    // The watch is weak: once its owner is gone nothing is called.
+    drop(watch);
+    store(&b, "r3", &[43]);
+}
