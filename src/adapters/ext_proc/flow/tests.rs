@@ -358,8 +358,10 @@ async fn below_saturation_flow_control_changes_no_decision() {
     );
 }
 
-#[tokio::test]
-async fn a_held_request_goes_to_the_replica_that_frees() {
+/// Three replicas whose engines each report 20 waiting (all saturated) and one
+/// request of acme sent with `headers` and held; its first reply (the
+/// timeout extension a hold sends) is returned with it.
+async fn one_held(headers: &[(&str, &str)]) -> (Arc<Router>, ExtProc, Client, ProcessingResponse) {
     let router = mk_router(
         &[("acme", None)],
         &THREE,
@@ -370,13 +372,19 @@ async fn a_held_request_goes_to_the_replica_that_frees() {
     }
     let svc = mk_service(router.clone(), Thresholds::default());
     let mut c = Client::open(&svc);
-    c.send_headers("acme", &[(DEBUG, "1"), (PRIORITY, "2")]);
-    // Held: Envoy is first asked to wait maxQueueWait plus the margin.
+    c.send_headers("acme", headers);
     let first = c.next().await;
     assert!(first.response.is_none(), "{first:?}");
+    until_held(&svc, 1).await;
+    (router, svc, c, first)
+}
+
+#[tokio::test]
+async fn a_held_request_goes_to_the_replica_that_frees() {
+    let (router, svc, mut c, first) = one_held(&[(DEBUG, "1"), (PRIORITY, "2")]).await;
+    // Held: Envoy is first asked to wait maxQueueWait plus the margin.
     let extended = first.override_message_timeout.expect("a timeout extension");
     assert_eq!(extended.seconds, 31);
-    until_held(&svc, 1).await;
     assert!(c.silent_for(Duration::from_millis(200)).await);
     // r2's engine drains: the request is decided now, and the load rule sends
     // it there rather than to r1, which holds its blocks but is still full.
@@ -399,20 +407,7 @@ async fn a_held_request_goes_when_an_engines_signals_show_room_not_at_the_next_t
     // The engine's report that frees r2 wakes the queue at once, so the held
     // request is decided with no time passing; a queue that only looked again
     // at its next tick would let the clock run to that tick first.
-    let router = mk_router(
-        &[("acme", None)],
-        &THREE,
-        flow_policy(8, Duration::from_secs(30)),
-    );
-    for (id, addr) in THREE {
-        report(&router, "acme", id, addr, 20);
-    }
-    let svc = mk_service(router.clone(), Thresholds::default());
-    let mut c = Client::open(&svc);
-    c.send_headers("acme", &[]);
-    let first = c.next().await;
-    assert!(first.response.is_none(), "{first:?}");
-    until_held(&svc, 1).await;
+    let (router, svc, mut c, _) = one_held(&[]).await;
     // Held since the pump's first look; it looks again every tick from then.
     // Half a tick off that phase, no tick is due when r2 frees.
     assert!(c.silent_for(super::TICK * 3 + super::TICK / 2).await);
