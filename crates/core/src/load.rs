@@ -233,7 +233,7 @@ impl ReplicaLoad {
 
     /// Whether the engine's last queue report exists and is at most `max_age` ns
     /// old: a stale report is ignored, never trusted forever.
-    fn report_is_fresh(&self, now: u64, max_age: u64) -> bool {
+    pub fn report_is_fresh(&self, now: u64, max_age: u64) -> bool {
         let at = self.engine_queue_at.load(Ordering::Relaxed);
         at != 0 && now.saturating_sub(at) <= max_age
     }

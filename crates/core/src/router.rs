@@ -524,8 +524,7 @@ impl Router {
             .filter_map(|m| serving.replica(m))
             .map(|r| {
                 let load = &r.live.load;
-                let fresh = load.engine_queue_at() != 0
-                    && now_ns.saturating_sub(load.engine_queue_at()) <= max_age;
+                let fresh = load.report_is_fresh(now_ns, max_age);
                 let kv_usage = if fresh {
                     r.live
                         .stats

@@ -242,10 +242,8 @@ impl Inflight {
         stats_max_age: u64,
     ) -> bool {
         let now = now.as_nanos();
-        let report_at = self.cell.load().engine_queue_at.load(Ordering::Relaxed);
         event_feed_is_live(last_event_at, now)
-            && report_at > 0
-            && now.saturating_sub(report_at) <= stats_max_age
+            && self.cell.load().report_is_fresh(now, stats_max_age)
     }
 
     /// The uncached prompt tokens this request brought to its replica.
